@@ -1,0 +1,138 @@
+"""`decode-server serve [MODEL]` and `decode-server demo-model DIR`.
+
+Every vLLM engine flag comes from vLLM's own `AsyncEngineArgs.add_cli_args`, so
+they behave exactly as in `vllm serve`; the server's own flags are added here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEMO_KV_CACHE_BYTES = 512 * 1024 * 1024
+DEMO_MAX_MODEL_LEN = 16384
+
+
+def _server_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("decode-server")
+    group.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s).")
+    group.add_argument("--port", type=int, default=8000, help="Port to bind (default: %(default)s).")
+    group.add_argument(
+        "--api-key",
+        default=os.environ.get("DECODE_SERVER_API_KEY"),
+        help="Require 'Authorization: Bearer KEY' on /inference/* and the abort routes "
+        "(default: $DECODE_SERVER_API_KEY, else no auth).",
+    )
+    group.add_argument(
+        "--tokens-only",
+        action="store_true",
+        help="Load no tokenizer and force detokenize off: only output_mode='tokens' is served "
+        "(a prefill pool). text/derender requests and stop strings get 400.",
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM tool parser for output_mode='derender' (e.g. hermes).",
+    )
+    group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="Parse tool calls under tool_choice='auto' (as vllm serve).",
+    )
+    group.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="Larger request bodies get 413 before parsing (default: %(default)s).",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="decode-server", description="Decode-tier server for vLLM's token-in generate protocol.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="Serve /inference/v1/generate on an AsyncLLM.",
+        description="Serve /inference/v1/generate. With no MODEL, serve the embedded demo model "
+        "(random weights: its text is meaningless).",
+    )
+    serve.add_argument("model_tag", nargs="?", default=None, help="Model path or name (default: the demo model).")
+    _server_flags(serve)
+    AsyncEngineArgs.add_cli_args(serve)
+
+    demo = sub.add_parser("demo-model", help="Write the demo model (config, tokenizer, chat template) to DIR.")
+    demo.add_argument("dir", type=Path)
+    return parser
+
+
+def _apply_demo_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
+    from decode_server.demo_model import DEMO_MODEL_NAME, ensure_demo_model
+
+    args.model = str(ensure_demo_model())
+    args.load_format = "dummy"
+    if args.served_model_name is None:
+        args.served_model_name = [DEMO_MODEL_NAME]
+    # The host-memory KV cache default would reserve most of the machine for a toy.
+    if args.kv_cache_memory_bytes is None and args.gpu_memory_utilization == parser_defaults["gpu_memory_utilization"]:
+        args.kv_cache_memory_bytes = DEMO_KV_CACHE_BYTES
+    if args.max_model_len is None:
+        args.max_model_len = DEMO_MAX_MODEL_LEN
+
+
+def serve(args: argparse.Namespace, parser_defaults: dict) -> None:
+    import uvicorn
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from decode_server.app import build_app
+    from decode_server.engine import Engine
+    from decode_server.pipeline.derender import DerenderConfig
+    from decode_server.service import ServerConfig
+
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    elif args.model == parser_defaults["model"]:
+        _apply_demo_defaults(args, parser_defaults)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    served = tuple(args.served_model_name or [args.model])
+    config = ServerConfig(
+        served_model_names=served,
+        tokens_only=args.tokens_only,
+        derender=DerenderConfig(
+            reasoning_parser=args.reasoning_parser or None,
+            tool_call_parser=args.tool_call_parser,
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+        ),
+    )
+    app = build_app(
+        lambda: Engine.start(engine_args, tokens_only=args.tokens_only),
+        config,
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+    )
+    level = (getattr(args, "log_level", None) or "info").lower()
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", log_level=level, timeout_graceful_shutdown=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo-model":
+        from decode_server.demo_model import build_demo_model
+
+        print(build_demo_model(args.dir))
+        return
+    serve_parser = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    defaults = {a.dest: a.default for a in serve_parser._actions}
+    serve(args, defaults)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

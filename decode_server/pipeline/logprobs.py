@@ -1,0 +1,64 @@
+"""The engine's per-position logprob maps in the two wire shapes.
+
+Integer ids (tokens level, vLLM's GenerateLogProbs) or decoded strings with
+UTF-8 bytes (text and derender levels, OpenAI chat shape). Token strings come
+from vLLM's own resolution (`_logprob_token`: the engine's decoded_token, else
+the tokenizer), so they match vLLM's text mode byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob, _logprob_token
+
+from protocol.chat import ChatLogProb, ChatLogProbs, ChatLogProbsContent
+from protocol.generate import GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent
+
+
+def _top_count(num_top: int, available: int) -> int:
+    # vLLM keeps max(n, 1) entries (the sampled token first), or all for -1.
+    return available if num_top == -1 else min(available, max(num_top, 1))
+
+
+def integer_logprobs(token_ids: list[int], positions: Any, num_top: int) -> GenerateLogProbs:
+    content = []
+    for token_id, top in zip(token_ids, positions):
+        sampled = None if top is None else top.get(token_id)
+        if sampled is None:
+            content.append(GenerateLogProbsContent(token_id=token_id, logprob=-9999.0))
+            continue
+        items = list(top.items())[: _top_count(num_top, len(top))]
+        content.append(
+            GenerateLogProbsContent(
+                token_id=token_id,
+                logprob=_clamp_logprob(sampled.logprob),
+                rank=sampled.rank or None,
+                top_logprobs=[
+                    GenerateLogProb(token_id=tid, logprob=_clamp_logprob(lp.logprob), rank=lp.rank or None)
+                    for tid, lp in items
+                ],
+            )
+        )
+    return GenerateLogProbs(content=content)
+
+
+def text_logprobs(token_ids: list[int], positions: Any, num_top: int, tokenizer: Any) -> ChatLogProbs:
+    content = []
+    for token_id, top in zip(token_ids, positions):
+        sampled = None if top is None else top.get(token_id)
+        if sampled is None:
+            token, token_bytes = _logprob_token(token_id, None, tokenizer)
+            content.append(ChatLogProbsContent(token=token, bytes=token_bytes))
+            continue
+        token, token_bytes = _logprob_token(token_id, sampled, tokenizer)
+        top_entries = []
+        for tid, lp in list(top.items())[: _top_count(num_top, len(top))]:
+            top_token, top_bytes = _logprob_token(tid, lp, tokenizer)
+            top_entries.append(ChatLogProb(token=top_token, logprob=_clamp_logprob(lp.logprob), bytes=top_bytes))
+        content.append(
+            ChatLogProbsContent(
+                token=token, logprob=_clamp_logprob(sampled.logprob), bytes=token_bytes, top_logprobs=top_entries
+            )
+        )
+    return ChatLogProbs(content=content)

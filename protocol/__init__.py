@@ -1,0 +1,1 @@
+"""Wire types of decode-server: msgspec Structs only, importable without vLLM."""

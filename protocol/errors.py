@@ -1,0 +1,46 @@
+"""The error body every non-2xx answer carries, shaped as vLLM's ErrorResponse."""
+
+from __future__ import annotations
+
+import msgspec
+
+# Long messages (a whole echoed prompt, vllm#49239) are cut so an error body stays small.
+MAX_ERROR_MESSAGE_CHARS = 2000
+
+
+class ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorInfo
+
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "RequestEntityTooLarge",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_body(code: int, message: str, param: str | None = None) -> ErrorResponse:
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[:MAX_ERROR_MESSAGE_CHARS] + "... (truncated)"
+    return ErrorResponse(ErrorInfo(message, _TYPES.get(code, "Error"), param, code))
+
+
+class GenerateError(Exception):
+    """A client-facing error; the client raises it with the server's body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.param = param

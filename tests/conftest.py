@@ -1,0 +1,58 @@
+"""Session-scoped real engines, one per server configuration, started lazily and shared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decode_server.demo_model import build_demo_model
+from tests import servers
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> Path:
+    return build_demo_model(tmp_path_factory.mktemp("model") / "demo")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(demo_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_model)
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("server-logs")
+
+
+def _started(server: servers.Server):
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(demo_model, log_dir):
+    """Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers."""
+    yield from _started(servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(demo_model, log_dir):
+    """vLLM 0.32's own server on the same engine configuration: the parity oracle."""
+    yield from _started(servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS))
+
+
+@pytest.fixture(scope="module")
+def tokens_only_server(demo_model, log_dir):
+    yield from _started(servers.ours("tokens-only", demo_model, log_dir, "--tokens-only"))
+
+
+@pytest.fixture(scope="module")
+def plain_server(demo_model, log_dir):
+    """Ours with a tokenizer but no parsers."""
+    yield from _started(servers.ours("plain", demo_model, log_dir))

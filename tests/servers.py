@@ -1,0 +1,98 @@
+"""Real servers as subprocesses on loopback: ours (`decode-server serve`) and vLLM's own (the oracle).
+
+Engine start costs ~30 s, so each configuration is started once per session
+(see conftest.py) and shared by every test that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPLAY = "decode_server.replay:ReplayLogitsProcessor"
+MODEL_NAME = "demo"
+
+# Shared by our servers and vLLM's so both produce the same tokens for the same script.
+ENGINE_FLAGS = [
+    "--load-format", "dummy",
+    "--served-model-name", MODEL_NAME,
+    "--max-model-len", "4096",
+    "--max-num-seqs", "16",
+    "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
+    "--logits-processors", REPLAY,
+    "--seed", "0",
+]
+PARSER_FLAGS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [*argv, "--port", str(self.port)]
+        self.log_path = log_dir / f"{name}.log"
+        # Several engines share 2 cores in a test run: let the OS schedule them
+        # (pinning each to the same cores by "auto" slows all of them down).
+        self.env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 420) -> Server:
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not become healthy in {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+        finally:
+            self._log.close()
+
+
+def ours(name: str, model_dir: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+    argv = [sys.executable, "-m", "decode_server.cli", "serve", str(model_dir), *ENGINE_FLAGS, *extra]
+    return Server(name, argv, log_dir, env)
+
+
+def vllms_own(name: str, model_dir: Path, log_dir: Path, *extra: str) -> Server:
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--host", "127.0.0.1", "--enable-scale-out", *ENGINE_FLAGS, *extra,
+    ]
+    return Server(name, argv, log_dir)

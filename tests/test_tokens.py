@@ -1,0 +1,175 @@
+"""Tokens level on the real engine: wire shape (vLLM's own pydantic models), parity with vLLM's server, abort, disconnect."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    GenerateTokensResponse,
+    GenerateTokensStreamResponse,
+)
+
+from tests.support import finish_reason, joined_tokens, post, scripted, sse_events
+
+IM_END = 151645
+PROMPT = [9707, 1879]
+SCRIPT = [9707, 11, 1879, 0, 220, 9707, 1879]  # "Hello, world! Hello world"
+
+
+def test_readme_curl_example_answers_eight_tokens(server):
+    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["output_mode"] == "tokens"
+    assert len(body["choices"][0]["token_ids"]) == 8
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {
+        "prompt_tokens": 2, "completion_tokens": 8, "total_tokens": 10,
+        "prompt_tokens_details": None, "completion_tokens_details": None,
+    }
+
+
+def test_tokens_batch_follows_the_script_and_parses_as_vllms_model(server):
+    r = post(server.url, scripted(PROMPT, SCRIPT, request_id="batch-1", sampling_params={"max_tokens": 32}))
+    assert r.status_code == 200, r.text
+    parsed = GenerateTokensResponse.model_validate(r.json())
+    choice = parsed.choices[0]
+    assert choice.token_ids == SCRIPT + [IM_END]
+    assert choice.finish_reason == "stop"
+    assert choice.stop_reason is None
+    assert parsed.request_id == "batch-1"
+    assert parsed.usage.completion_tokens == len(SCRIPT) + 1
+    assert r.headers["x-request-id"] == "batch-1"
+
+
+def test_tokens_stream_chunks_parse_as_vllms_model_and_end_with_usage_and_done(server):
+    body = scripted(PROMPT, SCRIPT, stream_options={"include_usage": True}, return_token_ids=True)
+    events = sse_events(server.url, body)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    for chunk in chunks:
+        GenerateTokensStreamResponse.model_validate(chunk)
+    assert chunks[0]["prompt_token_ids"] == PROMPT
+    assert "prompt_token_ids" not in chunks[1]
+    assert joined_tokens(events) == SCRIPT + [IM_END]
+    assert finish_reason(events) == "stop"
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == {"prompt_tokens": 2, "completion_tokens": len(SCRIPT) + 1, "total_tokens": 10}
+
+
+def test_integer_logprobs_have_the_sampled_token_first(server):
+    r = post(server.url, scripted(PROMPT, SCRIPT[:3], sampling_params={"logprobs": 3}))
+    content = GenerateTokensResponse.model_validate(r.json()).choices[0].logprobs.content
+    assert [c.token_id for c in content] == SCRIPT[:3] + [IM_END]
+    for entry in content:
+        assert entry.top_logprobs[0].token_id == entry.token_id
+        assert len(entry.top_logprobs) >= 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tokens_level_equals_vllms_own_generate(server, vllm_server, stream):
+    body = scripted(
+        PROMPT, SCRIPT, sampling_params={"max_tokens": 5, "logprobs": 2}, stream_options={"include_usage": True}
+    )
+    if not stream:
+        ours, theirs = post(server.url, body).json(), post(vllm_server.url, body).json()
+        for key in ("usage", "output_mode", "prompt_token_ids", "kv_transfer_params"):
+            assert ours[key] == theirs[key], key
+        for a, b in zip(ours["choices"], theirs["choices"], strict=True):
+            assert a == b
+        assert set(ours) == set(theirs)
+        return
+    ours, theirs = sse_events(server.url, body), sse_events(vllm_server.url, body)
+    assert joined_tokens(ours) == joined_tokens(theirs) == SCRIPT[:5]
+    assert finish_reason(ours) == finish_reason(theirs) == "length"
+    assert ours[-2]["usage"] == theirs[-2]["usage"]
+    strip = lambda events: [{k: v for k, v in e.items() if k != "request_id"} for e in events[:-1]]  # noqa: E731
+    assert strip(ours) == strip(theirs)
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name) and not line.startswith("#")]
+    assert values, f"{name} not exported"
+    return sum(values)
+
+
+def _wait_idle(url: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _metric(url, "decode_server_live_request_states") == 0 and _metric(url, "vllm:num_requests_running") == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError("requests still live after disconnect/abort")
+
+
+def test_abort_by_caller_id_ends_the_stream_with_abort(server):
+    body = scripted(PROMPT, [], request_id="abort-me", sampling_params={"max_tokens": 3000, "ignore_eos": True})
+    seen = []
+    with httpx.stream("POST", server.url + "/inference/v1/generate", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            seen.append(line[6:])
+            if len(seen) == 3:
+                assert httpx.post(server.url + "/abort_requests", json={"request_ids": ["abort-me"]}).status_code == 200
+    import json
+
+    chunks = [json.loads(s) for s in seen if s != "[DONE]"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
+    assert seen[-1] == "[DONE]"
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) < 3000
+    _wait_idle(server.url)
+
+
+def test_abort_of_an_unknown_id_is_a_noop_200(server):
+    for path in ("/abort_requests", "/inference/v1/abort_requests"):
+        r = httpx.post(server.url + path, json={"request_ids": ["never-seen"]})
+        assert r.status_code == 200 and r.text == ""
+
+
+def test_client_disconnect_frees_the_engine_request(server):
+    body = scripted(PROMPT, [], sampling_params={"max_tokens": 3000, "ignore_eos": True})
+    with httpx.stream("POST", server.url + "/inference/v1/generate", json={**body, "stream": True}, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 4:
+                break
+    _wait_idle(server.url, timeout_s=2.0)
+
+
+def test_batch_client_disconnect_frees_the_engine_request(server):
+    body = scripted(PROMPT, [], sampling_params={"max_tokens": 3000, "ignore_eos": True})
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/inference/v1/generate", json=body, timeout=1.0)
+    _wait_idle(server.url, timeout_s=3.0)
+
+
+def test_unknown_top_level_fields_are_ignored(server):
+    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}, "future_field": {"x": 1}})
+    assert r.status_code == 200, r.text
+
+
+def test_wrong_type_is_a_400_naming_the_field(server):
+    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": "eight"}})
+    assert r.status_code == 400
+    assert "sampling_params.max_tokens" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "BadRequestError"
+
+
+def test_x_request_id_header_names_the_request(server):
+    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 1}}, headers={"X-Request-Id": "hdr-7"})
+    assert r.json()["request_id"] == "hdr-7"
+
+
+def test_service_endpoints(server):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "demo" and models["data"][0]["max_model_len"] == 4096
+    assert httpx.get(server.url + "/version").json()["vllm"].startswith("0.32")
+    spec = httpx.get(server.url + "/openapi.json").json()
+    assert "GenerateRequest" in spec["components"]["schemas"]
+    assert "/inference/v1/generate" in spec["paths"]
+    assert _metric(server.url, "vllm:generation_tokens_total") > 0
+    assert _metric(server.url, "decode_server_requests_total") > 0
