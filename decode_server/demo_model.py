@@ -63,9 +63,9 @@ _FIRST_ADDED_ID = 151643
 ENDOFTEXT_ID = 151643
 IM_END_ID = 151645
 
-# Qwen3-style ChatML template. Differences from the real one are
-# simplifications only (no multi-step tool bookkeeping); the rendered text for
-# ordinary conversations, tools and enable_thinking=False is the same.
+# Qwen3-style ChatML template, written for readability. It renders plain
+# conversations, tools, tool calls/results and enable_thinking=False as Qwen3
+# does; only the edge cases of replaying earlier reasoning are simplified.
 CHAT_TEMPLATE = """\
 {%- if tools %}
     {{- '<|im_start|>system\\n' }}
@@ -243,9 +243,9 @@ def build_demo_model(target: Path) -> Path:
         _build_tokenizer().save(str(tmp / "tokenizer.json"))
         try:
             os.rename(tmp, target)  # also replaces an empty directory
-        except OSError:
+        except OSError as e:
             if not (target / "config.json").is_file():
-                raise
+                raise FileExistsError(f"{target} exists and is not a demo model") from e
             # Another builder won the race; its result is just as good.
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -58,8 +58,14 @@ def _usage(prompt_tokens: int, completion_tokens: int, cls: type = Usage) -> Any
 
 def _stream_chunk(ctx: ResponseContext, c: ChoiceStep) -> Any:
     common = dict(
-        index=c.index, finish_reason=c.finish_reason, stop_reason=c.stop_reason, token_ids=c.token_ids, **c.extras
+        index=c.index,
+        finish_reason=c.finish_reason,
+        stop_reason=c.stop_reason,
+        token_ids=None if c.hide_metadata else c.token_ids,
+        **c.extras,
     )
+    if c.hide_metadata:
+        c.logprobs = None
     if ctx.output_mode == "tokens":
         return GenerateTokensStreamResponse(
             request_id=ctx.request_id, usage=None, output_mode="tokens", choices=[TokensStreamChoice(logprobs=c.logprobs, **common)]
@@ -123,10 +129,12 @@ class _ChoiceFold:
     stop_reason: int | str | None = None
     message: ChatMessage | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    hide_metadata: bool = False
 
     def add(self, c: ChoiceStep) -> None:
         self.token_ids.extend(c.token_ids)
         self.extras.update(c.extras)
+        self.hide_metadata |= c.hide_metadata
         if c.text:
             self.text.append(c.text)
         if c.logprobs is not None:
@@ -142,8 +150,14 @@ class _ChoiceFold:
 
 def _batch_choice(ctx: ResponseContext, f: _ChoiceFold) -> Any:
     common = dict(
-        index=f.index, finish_reason=f.finish_reason or "stop", stop_reason=f.stop_reason, token_ids=f.token_ids, **f.extras
+        index=f.index,
+        finish_reason=f.finish_reason or "stop",
+        stop_reason=f.stop_reason,
+        token_ids=None if f.hide_metadata else f.token_ids,
+        **f.extras,
     )
+    if f.hide_metadata:
+        f.logprobs = None
     if ctx.output_mode == "tokens":
         logprobs = None if f.logprobs is None else GenerateLogProbs(content=f.logprobs)
         return TokensChoice(logprobs=logprobs, **common)

@@ -9,7 +9,7 @@ from typing import Any
 from vllm.exceptions import VLLMClientError
 
 from decode_server.engine import Engine
-from decode_server.pipeline.derender import DerenderConfig, derender_steps, plan_derender
+from decode_server.pipeline.derender import DerenderConfig, Derenderer, derender_batch, derender_stream
 from decode_server.pipeline.text import with_integer_logprobs, with_text_logprobs
 from decode_server.pipeline.tokens import Step, token_steps
 from decode_server.respond import ResponseContext, StreamStats, fold_response, stream_chunks
@@ -43,6 +43,8 @@ class GenerateService:
     def __init__(self, engine: Engine, config: ServerConfig):
         self.engine = engine
         self.config = config
+        self.derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config)
+        _ = self.derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
 
     def check_model(self, req: GenerateRequest) -> None:
         if req.model is not None and req.model not in self.config.served_model_names:
@@ -55,7 +57,7 @@ class GenerateService:
             req, engine.limits, tokens_only=self.config.tokens_only, generation_defaults=engine.generation_defaults
         )
         derender_plan = (
-            plan_derender(req, self.config.derender, engine.tokenizer) if req.output_mode == "derender" else None
+            self.derenderer.plan(req.parse_context, req.chat_request) if req.output_mode == "derender" else None
         )
         opts = req.stream_options
         ctx = ResponseContext(
@@ -86,7 +88,10 @@ class GenerateService:
         else:
             steps = with_text_logprobs(steps, sp.logprobs, engine.tokenizer)
         if derender_plan is not None:
-            steps = derender_steps(steps, derender_plan, req.token_ids, n=sp.n)
+            if req.stream:
+                steps = derender_stream(steps, derender_plan, req.token_ids, n=sp.n)
+            else:
+                steps = derender_batch(steps, derender_plan, n=sp.n)
         return Generation(ctx, steps)
 
 

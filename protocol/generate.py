@@ -23,7 +23,9 @@ OUTPUT_MODES: tuple[str, ...] = ("tokens", "text", "derender")
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 
 
-class StructuredOutputs(Struct, forbid_unknown_fields=True):
+class StructuredOutputs(Struct):
+    """Unknown keys are dropped: vLLM's /render serializes private ones (`_backend`)."""
+
     json: str | dict[str, Any] | None | UnsetType = UNSET
     regex: str | None | UnsetType = UNSET
     choice: list[str] | None | UnsetType = UNSET

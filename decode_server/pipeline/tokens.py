@@ -28,6 +28,7 @@ class ChoiceStep:
     logprobs: Any = None  # wire logprobs, set by the level's stage
     delta: Any = None  # DeltaMessage, set by the derender stage
     message: Any = None  # ChatMessage, set by the derender stage on the finishing step
+    hide_metadata: bool = False  # token ids and logprobs withheld (include_reasoning=false)
 
 
 @dataclass(slots=True)

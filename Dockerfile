@@ -1,0 +1,51 @@
+# decode-server on NVIDIA GPUs: vLLM 0.32.0 (CUDA 13 wheels) + NIXL for disaggregated KV transfer.
+#   docker build -t decode-server:0.1.0 .
+#   docker run --gpus all -p 8000:8000 decode-server:0.1.0                     # the demo model
+#   docker run --gpus all -p 8000:8000 decode-server:0.1.0 Qwen/Qwen3-8B \
+#       --reasoning-parser qwen3 --tool-call-parser hermes --enable-auto-tool-choice
+# The devel image carries nvcc and headers for the kernels FlashInfer/Triton compile at run time.
+# CUDA 13 needs an NVIDIA driver >= 580 on the host.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
+FROM ${CUDA_IMAGE}
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+# python3-dev + gcc: Triton builds its launcher against Python.h. curl: HEALTHCHECK.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
+
+# vLLM first (the heavy, rarely changing layer). nixl: the NixlConnector's transfer library.
+RUN pip install "vllm==0.32.0" "nixl==1.5.2"
+
+COPY pyproject.toml README.md /src/
+COPY decode_server /src/decode_server
+COPY protocol /src/protocol
+RUN pip install /src \
+ && rm -rf /src \
+ && python -c "import transformers, vllm, decode_server"
+
+# Non-root. $HOME holds every cache (Hugging Face, vLLM/torch/Triton compile caches, the demo model).
+RUN useradd --no-log-init --create-home --uid 10001 --user-group app \
+ && mkdir -p /home/app/.cache/decode-server \
+ && chown -R app:app /home/app
+ENV HOME=/home/app \
+    DECODE_SERVER_CACHE=/home/app/.cache/decode-server
+USER 10001:10001
+WORKDIR /home/app
+
+EXPOSE 8000
+# Engine start (weights download, load, warm-up) can take minutes: /health answers once it is up.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["sh", "-c", "curl -fsS http://127.0.0.1:8000/health || exit 1"]
+# With no MODEL argument the server builds and serves its demo model (random weights).
+# --host 0.0.0.0 so the port is reachable from outside the container (the CLI default is loopback).
+ENTRYPOINT ["decode-server", "serve", "--host", "0.0.0.0"]

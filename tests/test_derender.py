@@ -1,0 +1,248 @@
+"""Derender level on the real engine: parity with vLLM's coupled /v1/chat/completions, batch and stream.
+
+Every case runs the same replayed tokens through (1) our batch derender,
+(2) our streaming derender, (3) vLLM's coupled chat, batch and stream, and
+compares the parsed messages (tool-call ids aside; their format is checked).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from vllm.entrypoints.openai.chat_completion.protocol import ChatMessage
+
+from tests import chat_cases as cc
+from tests.support import post, sse_events
+
+
+@dataclass
+class Case:
+    name: str
+    text: str
+    chat: dict[str, Any] = field(default_factory=dict)
+    # Why our stream and batch may legitimately differ (vLLM's own stream/batch differ there too).
+    stream_differs_from_batch: str | None = None
+
+
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+CASES = [
+    Case("plain_content", "Hello there, how can I help?", NO_THINK),
+    Case("reasoning_only", "<think>\nThe user asks about weather. I am not sure"),
+    Case("reasoning_then_content", "<think>\nThe user asks about weather.\n</think>\n\nIt is sunny in Paris."),
+    Case("one_tool_call", cc.call("get_weather", {"city": "Paris"}), {"tools": [cc.WEATHER], **NO_THINK}),
+    Case(
+        "reasoning_then_tool_call",
+        "<think>\nI should call the tool.\n</think>\n\n" + cc.call("get_weather", {"city": "Paris"}),
+        {"tools": [cc.WEATHER]},
+        stream_differs_from_batch="the '\\n\\n' between </think> and <tool_call> streams as content; batch drops whitespace-only content",
+    ),
+    Case(
+        "two_parallel_calls",
+        cc.call("get_weather", {"city": "Paris"}) + "\n" + cc.call("get_time", {}),
+        {"tools": [cc.WEATHER, cc.TIME], **NO_THINK},
+    ),
+    # The structural tag /render sets for parallel_tool_calls=false admits one call only,
+    # so the script writes one (a second forced call would be rejected by the grammar).
+    Case(
+        "parallel_tool_calls_false",
+        cc.call("get_weather", {"city": "Paris"}),
+        {"tools": [cc.WEATHER, cc.TIME], "parallel_tool_calls": False, **NO_THINK},
+    ),
+    Case(
+        "named_tool_choice",
+        cc.call("get_weather", {"city": "Paris"}),
+        {"tools": [cc.WEATHER, cc.TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, **NO_THINK},
+        stream_differs_from_batch="batch forces content '' under a named tool_choice; the stream never sends content",
+    ),
+    Case(
+        "tool_choice_required",
+        cc.call("get_time", {}),
+        {"tools": [cc.WEATHER, cc.TIME], "tool_choice": "required", **NO_THINK},
+        stream_differs_from_batch="batch forces content '' under tool_choice 'required'",
+    ),
+    Case("tool_choice_none", "No tools needed: it is sunny.", {"tools": [cc.WEATHER], "tool_choice": "none", **NO_THINK}),
+    Case("parameterless_tool", cc.call("get_time", {}), {"tools": [cc.TIME], **NO_THINK}),
+    Case(
+        "include_reasoning_false",
+        "<think>\nsecret plan\n</think>\n\nThe answer is 4.",
+        {"include_reasoning": False},
+    ),
+    Case("enable_thinking_false", "Direct answer without thinking.", NO_THINK),
+    Case("stop_string_inside_content", "<think>\nok\n</think>\n\nThe answer is 4. STOP and more", {"stop": ["STOP"]}),
+    Case(
+        "truncated_inside_tool_call",
+        cc.call("get_weather", {"city": "Paris, France, Europe"}),
+        {"tools": [cc.WEATHER], "max_tokens": 12, **NO_THINK},
+        stream_differs_from_batch="a cut-off tool call: batch returns the raw markup as content, the stream has streamed partial arguments",
+    ),
+]
+
+
+def _ours_batch(server, vllm_server, case: Case, script: list[int]) -> dict[str, Any]:
+    chat = cc.chat_body(**case.chat)
+    r = post(server.url, cc.derender_request(vllm_server.url, chat, script))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _ours_stream(server, vllm_server, case: Case, script: list[int]) -> list[dict[str, Any]]:
+    chat = cc.chat_body(**case.chat)
+    events = sse_events(server.url, cc.derender_request(vllm_server.url, chat, script))
+    assert events[-1] == "[DONE]"
+    return events[:-1]
+
+
+def _choice_deltas(events: list[dict[str, Any]], index: int = 0) -> list[dict[str, Any]]:
+    return [c for e in events for c in e["choices"] if c["index"] == index]
+
+
+def _check_ids(message: dict[str, Any]) -> None:
+    for tc in message["tool_calls"]:
+        assert tc["id"].startswith("chatcmpl-tool-"), tc
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, case: Case):
+    script = cc.script_for(tokenizer, case.text)
+    chat = cc.chat_body(**case.chat)
+
+    ours_batch = _ours_batch(server, vllm_server, case, script)
+    theirs_batch = cc.coupled_chat(vllm_server.url, chat, script, stream=False)
+    ours_choice, theirs_choice = ours_batch["choices"][0], theirs_batch["choices"][0]
+    ChatMessage.model_validate(ours_choice["message"])  # vLLM's own model accepts our message
+    assert ours_batch["output_mode"] == "derender"
+    assert ours_choice["finish_reason"] == theirs_choice["finish_reason"]
+    ours_msg, theirs_msg = cc.batch_message(ours_choice["message"]), cc.batch_message(theirs_choice["message"])
+    assert cc.without_ids(ours_msg) == cc.without_ids(theirs_msg)
+    assert ours_choice["message"].get("content") == theirs_choice["message"].get("content")
+    _check_ids(ours_msg)
+
+    ours_events = _ours_stream(server, vllm_server, case, script)
+    theirs_events = cc.coupled_chat(vllm_server.url, chat, script, stream=True)
+    assert all(e["output_mode"] == "derender" for e in ours_events)
+    ours_deltas = _choice_deltas(ours_events)
+    theirs_deltas = [c for e in theirs_events for c in e.get("choices", [])]
+    ours_acc = cc.accumulate([c["delta"] for c in ours_deltas])
+    theirs_acc = cc.accumulate([c["delta"] for c in theirs_deltas])
+    assert cc.without_ids(ours_acc) == cc.without_ids(theirs_acc)
+    assert ours_deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    assert ours_deltas[-1]["finish_reason"] == [c for c in theirs_deltas if c.get("finish_reason")][-1]["finish_reason"]
+    _check_ids(ours_acc)
+
+    if case.stream_differs_from_batch is None:
+        assert cc.without_ids(ours_acc) == cc.without_ids(ours_msg)
+
+
+def test_stream_chunks_follow_engine_deltas_and_carry_token_ids(server, vllm_server, tokenizer):
+    text = "<think>\nshort\n</think>\n\nHi!"
+    script = cc.script_for(tokenizer, text)
+    events = _ours_stream(server, vllm_server, Case("x", text), script)
+    deltas = _choice_deltas(events)
+    tokens = [t for c in deltas for t in c["token_ids"]]
+    assert tokens == script + [151645]
+    # One chunk per engine step (one token each at stream interval 1), after the role chunk.
+    assert len(deltas) == 1 + len(script) + 1
+
+
+def test_n2_each_choice_has_its_own_parser(server, vllm_server, tokenizer):
+    case = Case("n2", "<think>\nhmm\n</think>\n\n" + cc.call("get_weather", {"city": "Oslo"}), {"tools": [cc.WEATHER], "n": 2})
+    script = cc.script_for(tokenizer, case.text)
+    batch = _ours_batch(server, vllm_server, case, script)
+    assert [c["index"] for c in batch["choices"]] == [0, 1]
+    messages = [cc.without_ids(cc.batch_message(c["message"])) for c in batch["choices"]]
+    assert messages[0] == messages[1]
+    assert messages[0]["tool_calls"] == [{"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}]
+    events = _ours_stream(server, vllm_server, case, script)
+    for i in (0, 1):
+        streamed = cc.without_ids(cc.accumulate([c["delta"] for c in _choice_deltas(events, i)]))
+        assert streamed["tool_calls"] == messages[0]["tool_calls"]
+        assert streamed["reasoning"] == messages[0]["reasoning"]
+
+
+def test_include_reasoning_false_hides_reasoning_token_ids_and_logprobs(server, vllm_server, tokenizer):
+    case = Case("hide", "<think>\nsecret\n</think>\n\nfour", {"include_reasoning": False, "logprobs": True, "top_logprobs": 2})
+    script = cc.script_for(tokenizer, case.text)
+    batch = _ours_batch(server, vllm_server, case, script)
+    choice = batch["choices"][0]
+    assert choice["message"].get("reasoning") is None and choice["logprobs"] is None and choice["token_ids"] is None
+    for c in _choice_deltas(_ours_stream(server, vllm_server, case, script)):
+        assert "secret" not in json.dumps(c)
+
+
+def test_plain_text_becomes_content_without_a_parser(plain_server, vllm_server, tokenizer):
+    text = "<think>\nraw\n</think>\n\nvisible"
+    script = cc.script_for(tokenizer, text)
+    req = cc.derender_request(vllm_server.url, cc.chat_body(), script)
+    del req["parse_context"]
+    r = post(plain_server.url, req)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": text}
+    events = sse_events(plain_server.url, req)
+    assert cc.accumulate([c["delta"] for c in _choice_deltas(events[:-1])])["content"] == text
+
+
+def test_abort_mid_reasoning_ends_the_stream_with_abort(server, vllm_server, tokenizer):
+    script = cc.script_for(tokenizer, "<think>\n" + "thinking " * 3000)
+    req = cc.derender_request(vllm_server.url, cc.chat_body(), script, request_id="derender-abort")
+    chunks = []
+    with httpx.stream("POST", server.url + "/inference/v1/generate", json={**req, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+                if len(chunks) == 5:
+                    httpx.post(server.url + "/inference/v1/abort_requests", json={"request_ids": ["derender-abort"]})
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "abort"
+    acc = cc.accumulate([c["delta"] for c in _choice_deltas(chunks)])
+    assert acc["content"] is None and acc["reasoning"].lstrip().startswith("thinking")
+
+
+# ---------------------------------------------------------------- rules
+
+
+def test_parser_configured_and_no_context_is_a_400(server, vllm_server, tokenizer):
+    req = cc.derender_request(vllm_server.url, cc.chat_body(), [9707])
+    del req["parse_context"]
+    r = post(server.url, req)
+    assert r.status_code == 400 and "parse_context" in r.json()["error"]["message"]
+
+
+def test_named_tool_choice_matching_no_tool_is_a_400(server, vllm_server):
+    req = cc.derender_request(vllm_server.url, cc.chat_body(tools=[cc.WEATHER]), [9707])
+    req["parse_context"]["tool_choice"] = {"type": "function", "function": {"name": "nope"}}
+    r = post(server.url, req)
+    assert r.status_code == 400 and "'nope'" in r.json()["error"]["message"]
+
+
+def test_unknown_parse_context_field_is_a_400_only_at_derender(server, vllm_server):
+    req = cc.derender_request(vllm_server.url, cc.chat_body(), [9707])
+    req["parse_context"]["future_knob"] = 1
+    r = post(server.url, req)
+    assert r.status_code == 400 and "render server is newer" in r.json()["error"]["message"]
+    r = post(server.url, {**req, "output_mode": "tokens"})
+    assert r.status_code == 200, r.text
+
+
+def test_chat_request_needs_derender_and_excludes_parse_context(server, vllm_server):
+    req = cc.derender_request(vllm_server.url, cc.chat_body(), [9707])
+    chat_request = cc.chat_body()
+    r = post(server.url, {**req, "output_mode": "text", "chat_request": chat_request, "parse_context": None})
+    assert r.status_code == 400 and "chat_request" in r.json()["error"]["message"]
+    r = post(server.url, {**req, "chat_request": chat_request})
+    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
+
+
+def test_chat_request_wire_gives_the_same_message_as_parse_context(server, vllm_server, tokenizer):
+    chat = cc.chat_body(tools=[cc.WEATHER])
+    script = cc.script_for(tokenizer, "<think>\nx\n</think>\n\n" + cc.call("get_weather", {"city": "Rome"}))
+    via_context = post(server.url, cc.derender_request(vllm_server.url, chat, script)).json()
+    req = cc.derender_request(vllm_server.url, chat, script)
+    req["chat_request"] = {**chat, "tool_choice": "auto"}
+    del req["parse_context"]
+    via_chat_request = post(server.url, req).json()
+    a, b = (cc.without_ids(cc.batch_message(r["choices"][0]["message"])) for r in (via_context, via_chat_request))
+    assert a == b and a["tool_calls"][0]["name"] == "get_weather"
