@@ -18,6 +18,7 @@ from starlette.routing import Route
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from decode_server import __version__
+from decode_server.drain import Drain
 from decode_server.engine import Engine
 from decode_server.metrics import Metrics
 from decode_server.openapi import openapi_document
@@ -98,6 +99,7 @@ def build_app(
 ) -> Starlette:
     state: dict[str, Any] = {}
     metrics = Metrics()
+    drain = Drain()
 
     def service() -> GenerateService:
         return state["service"]
@@ -133,6 +135,8 @@ def build_app(
         try:
             if service().engine.is_dead:
                 raise Rejected("the engine is dead; this server will restart", status=503, reason="engine_dead")
+            if drain.draining:
+                raise Rejected("the server is draining (shutting down); retry on another replica", status=503, reason="draining")
             body = await read_body(request)
             try:
                 req = _request_decoder.decode(body)
@@ -189,6 +193,13 @@ def build_app(
             return error_response(503, "the engine is dead")
         return Response(status_code=200)
 
+    async def ready(request: Request) -> Response:
+        if drain.draining:
+            return error_response(503, "draining")
+        if service().engine.is_dead:
+            return error_response(503, "the engine is dead")
+        return Response(status_code=200)
+
     async def models(request: Request) -> Response:
         limits = service().engine.limits
         data = [
@@ -221,6 +232,7 @@ def build_app(
         state["service"] = GenerateService(engine, config)
         state["started_at"] = int(time.time())
         app.state.engine = engine
+        drain.attach(engine, lambda count: metrics.aborted("drain", count))
         try:
             yield
         finally:
@@ -231,12 +243,15 @@ def build_app(
         Route("/inference/v1/abort_requests", guarded(abort_requests), methods=["POST"]),
         Route("/abort_requests", guarded(abort_requests), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.drain = drain
+    return app
 
 
 def _vllm_version() -> str:

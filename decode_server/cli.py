@@ -43,6 +43,14 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         help="Parse tool calls under tool_choice='auto' (as vllm serve).",
     )
     group.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="On SIGTERM: /ready turns 503 and new requests get 503 at once; in-flight requests "
+        "run up to this many seconds, then the rest are aborted (streams end with finish_reason "
+        "'abort') and the engine shuts down (default: %(default)s).",
+    )
+    group.add_argument(
         "--max-request-bytes",
         type=int,
         default=8 * 1024 * 1024,
@@ -118,7 +126,43 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> None:
     )
     level = (getattr(args, "log_level", None) or "info").lower()
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", log_level=level, timeout_graceful_shutdown=None)
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        log_level=level,
+        # The drain aborts what is left at --drain-timeout; this only bounds a stuck connection.
+        timeout_graceful_shutdown=int(args.drain_timeout) + 10,
+    )
+    DrainingServer(uv_config, app.state.drain, args.drain_timeout).run()
+
+
+def _draining_server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, plus: the first SIGTERM/SIGINT starts our drain before uvicorn stops listening."""
+
+        def __init__(self, config, drain, drain_timeout: float):
+            super().__init__(config)
+            self._drain = drain
+            self._drain_timeout = drain_timeout
+
+        def handle_exit(self, sig, frame):
+            self._drain.begin(self._drain_timeout)
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the captured signal after shutdown, so the process would die
+            # by SIGTERM; a completed drain is a clean exit (0) for Kubernetes and supervisors.
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return DrainingServer
+
+
+def DrainingServer(config, drain, drain_timeout):  # noqa: N802 - a class built lazily (uvicorn import)
+    return _draining_server_class()(config, drain, drain_timeout)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,157 @@
+"""Text level on the real engine: parity with vLLM 0.32's own generate text mode, the case matrix, fail-loud rules."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateTextResponse, GenerateTextStreamResponse
+
+from tests.support import choice_chunks, finish_reason, joined_text, joined_tokens, post, scripted, sse_events
+
+PROMPT = [9707, 1879]
+IM_END = 151645
+IM_START = 151644
+
+
+def _script(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+# (name, text to script, extra sampling params)
+CASES = [
+    ("plain_ascii", "Hello, world! This is plain text.", {}),
+    ("emoji_and_cjk_byte_fallback", "Emoji 😀🎉 and 你好世界 and 🇫🇷", {}),
+    ("stop_string_spanning_tokens", "The quick brown fox jumps over the lazy dog", {"stop": ["brown fox jumps"]}),
+    ("stop_at_first_token", "Hello there", {"stop": ["Hello"]}),
+    ("two_stop_strings", "alpha beta gamma delta", {"stop": ["delta", "gamma"]}),
+    ("include_stop_str_in_output", "alpha beta gamma delta", {"stop": ["gamma"], "include_stop_str_in_output": True}),
+    ("stop_token_ids", "one two three four", {"stop_token_ids": [2326]}),
+    ("skip_special_tokens_false", "<|im_start|>inside<|im_end|> after", {"skip_special_tokens": False, "ignore_eos": True, "max_tokens": 8}),
+    ("top20_logprobs", "Logprobs 😀 here", {"logprobs": 20}),
+    ("n2", "Two choices, same script", {"n": 2}),
+    ("max_tokens_length", "This will be cut off before the end", {"max_tokens": 4}),
+    ("ignore_eos", "short", {"ignore_eos": True, "max_tokens": 6}),
+]
+
+
+def _body(tokenizer, text: str, sampling: dict, **fields) -> dict:
+    return scripted(PROMPT, _script(tokenizer, text), output_mode="text", sampling_params=dict(sampling), **fields)
+
+
+@pytest.mark.parametrize("name,text,sampling", CASES, ids=[c[0] for c in CASES])
+def test_text_batch_equals_vllms_generate_text_mode(server, vllm_server, tokenizer, name, text, sampling):
+    body = _body(tokenizer, text, sampling)
+    ours, theirs = post(server.url, body), post(vllm_server.url, body)
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    ours, theirs = ours.json(), theirs.json()
+    GenerateTextResponse.model_validate(ours)
+    assert ours["usage"] == theirs["usage"]
+    assert ours["choices"] == theirs["choices"]
+
+
+@pytest.mark.parametrize("name,text,sampling", CASES, ids=[c[0] for c in CASES])
+def test_text_stream_equals_vllms_generate_text_mode(server, vllm_server, tokenizer, name, text, sampling):
+    body = _body(tokenizer, text, sampling, stream_options={"include_usage": True})
+    ours, theirs = sse_events(server.url, body), sse_events(vllm_server.url, body)
+    for chunk in ours[:-1]:
+        GenerateTextStreamResponse.model_validate(chunk)
+    for i in range(sampling.get("n", 1)):
+        assert joined_text(ours, i) == joined_text(theirs, i)
+        assert joined_tokens(ours, i) == joined_tokens(theirs, i)
+        assert finish_reason(ours, i) == finish_reason(theirs, i)
+        # Same engine chunking here (stream interval 1), so chunk by chunk too.
+        strip = lambda cs: [{k: v for k, v in c.items()} for c in cs]  # noqa: E731
+        assert strip(choice_chunks(ours, i)) == strip(choice_chunks(theirs, i))
+    assert ours[-2]["usage"] == theirs[-2]["usage"]
+
+
+def test_stop_string_is_cut_from_text_but_token_ids_keep_every_token(server, tokenizer):
+    text = "The quick brown fox jumps over the lazy dog"
+    script = _script(tokenizer, text)
+    body = _body(tokenizer, text, {"stop": ["fox"]})
+    choice = post(server.url, body).json()["choices"][0]
+    assert choice["text"] == "The quick brown "
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == "fox"
+    assert choice["token_ids"] == script[: len(choice["token_ids"])]
+    assert tokenizer.decode(choice["token_ids"]).endswith("fox")
+
+
+def test_final_chunk_carries_only_held_back_text(server, tokenizer):
+    # "ab" could start the stop string "abc", so it is held back until the engine finishes.
+    text = "xyz ab"
+    body = _body(tokenizer, text, {"stop": ["abc"]})
+    events = sse_events(server.url, body)
+    chunks = choice_chunks(events)
+    last = chunks[-1]
+    assert joined_text(events) == text
+    assert last["finish_reason"] == "stop"
+    assert last["token_ids"] == [IM_END] and last["text"] != ""
+
+
+def test_final_chunk_can_carry_only_a_finish_reason(server, tokenizer):
+    body = scripted(PROMPT, [], request_id="text-abort", output_mode="text",
+                    sampling_params={"max_tokens": 3000, "ignore_eos": True})
+    seen = []
+    with httpx.stream("POST", server.url + "/inference/v1/generate", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                seen.append(json.loads(line[6:]))
+                if len(seen) == 3:
+                    httpx.post(server.url + "/abort_requests", json={"request_ids": ["text-abort"]})
+    last = seen[-1]["choices"][0]
+    assert last["finish_reason"] == "abort"
+    assert last["token_ids"] == [] and last["text"] == ""
+
+
+def test_top_logprobs_resolve_strings_and_bytes(server, tokenizer):
+    text = "😀"
+    body = _body(tokenizer, text, {"logprobs": 5})
+    content = post(server.url, body).json()["choices"][0]["logprobs"]["content"]
+    script = _script(tokenizer, text)
+    assert len(content) == len(script) + 1
+    for entry in content:
+        assert len(entry["top_logprobs"]) >= 5
+        assert entry["top_logprobs"][0]["token"] == entry["token"]
+        assert entry["bytes"] is not None
+
+
+# ---------------------------------------------------------------- fail loud
+
+
+def _error(r: httpx.Response) -> str:
+    assert r.status_code == 400, r.text
+    return r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        ({"token_ids": PROMPT, "output_mode": "text", "sampling_params": {"detokenize": False}}, "detokenize"),
+        ({"token_ids": PROMPT, "output_mode": "poetry"}, "output_mode"),
+        ({"token_ids": [-1]}, "token_ids"),
+        ({"token_ids": [151936 + 5]}, "out of the model's vocabulary"),
+        ({"token_ids": []}, "token_ids"),
+        ({"token_ids": PROMPT, "sampling_params": {"max_tokens": 4095}}, "context length"),
+        ({"token_ids": PROMPT, "sampling_params": {"n": 17}}, "max_num_seqs"),
+        ({"token_ids": PROMPT, "sampling_params": {"logprobs": 21}}, "max_logprobs"),
+        ({"token_ids": PROMPT, "sampling_params": {"temperature": -1}}, "temperature must be non-negative"),
+        ({"token_ids": PROMPT, "sampling_params": {"top_p": 2}}, "top_p must be in (0, 1]"),
+        ({"token_ids": PROMPT, "features": {"mm_hashes": {}, "mm_placeholders": {}}}, "multimodal input is not supported"),
+        ({"token_ids": PROMPT, "sampling_params": {"temperatur": 0.5}}, "temperatur"),
+    ],
+    ids=["detokenize_false", "unknown_mode", "negative_id", "id_beyond_vocab", "empty", "beyond_context",
+         "n_above_max_num_seqs", "logprobs_above_max", "vllm_temperature", "vllm_top_p", "multimodal", "unknown_sampling_key"],
+)
+def test_bad_requests_fail_loud_with_the_cause(server, body, expected):
+    assert expected in _error(post(server.url, body))
+
+
+def test_tokens_only_server_serves_tokens_and_rejects_text_levels(tokens_only_server):
+    r = post(tokens_only_server.url, scripted(PROMPT, [9707, 11], sampling_params={"max_tokens": 4}))
+    assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [9707, 11, IM_END]
+    for mode in ("text", "derender"):
+        assert "requires a tokenizer" in _error(post(tokens_only_server.url, {"token_ids": PROMPT, "output_mode": mode}))
+    msg = _error(post(tokens_only_server.url, {"token_ids": PROMPT, "sampling_params": {"stop": ["x"]}}))
+    assert "stop strings are not supported on a --tokens-only server" in msg
