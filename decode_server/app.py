@@ -18,6 +18,7 @@ from starlette.routing import Route
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from decode_server import __version__
+from decode_server.access_log import log_request
 from decode_server.drain import Drain
 from decode_server.engine import Engine
 from decode_server.metrics import Metrics
@@ -132,6 +133,21 @@ def build_app(
     async def generate(request: Request) -> Response:
         started = time.monotonic()
         mode = "unknown"
+        request_id: str | None = None
+        generation = None
+
+        def done(status: int) -> None:
+            stats = generation.stats if generation is not None else None
+            log_request(
+                request_id=request_id,
+                output_mode=mode,
+                status=status,
+                prompt_tokens=stats.prompt_tokens if stats else 0,
+                output_tokens=stats.completion_tokens if stats else 0,
+                ttft_s=None if stats is None or stats.first_token_at is None else stats.first_token_at - started,
+                duration_s=time.monotonic() - started,
+            )
+
         try:
             if service().engine.is_dead:
                 raise Rejected("the engine is dead; this server will restart", status=503, reason="engine_dead")
@@ -146,6 +162,7 @@ def build_app(
                 raise Rejected(f"request body is not valid JSON: {e}", reason="invalid_json") from e
             if req.request_id is msgspec.UNSET:
                 req.request_id = request.headers.get("x-request-id") or new_request_id()
+            request_id = req.request_id
             mode = req.output_mode
             generation = service().prepare(req)
             headers = {"x-request-id": req.request_id}
@@ -158,19 +175,24 @@ def build_app(
                 except StopAsyncIteration:
                     first = None
                 metrics.observe_start(mode, started, generation)
-                return sse_response(first, metrics.track_stream(mode, started, generation, chunks), describe_error, headers)
+                tracked = metrics.track_stream(mode, started, generation, chunks, on_done=done)
+                return sse_response(first, tracked, describe_error, headers)
             response = await until_disconnect(request, generation.response())
             metrics.observe_finished(mode, started, generation, 200)
+            done(200)
             return json_response(response, headers=headers)
         except Rejected as e:
             metrics.rejected(mode, e.status, e.reason)
+            done(e.status)
             return error_response(e.status, e.message, e.param)
         except ClientDisconnected:
             metrics.aborted("client_disconnect")
+            done(499)
             return error_response(499, "client disconnected")
         except Exception as e:
             status, message = describe_error(e)
             metrics.rejected(mode, status, "engine" if status >= 500 else "engine_validation")
+            done(status)
             return error_response(status, message)
 
     async def abort_requests(request: Request) -> Response:
@@ -233,9 +255,11 @@ def build_app(
         state["started_at"] = int(time.time())
         app.state.engine = engine
         drain.attach(engine, lambda count: metrics.aborted("drain", count))
+        watchdog = asyncio.create_task(_watch_engine(engine, app))
         try:
             yield
         finally:
+            watchdog.cancel()
             engine.shutdown()
 
     routes = [
@@ -251,7 +275,21 @@ def build_app(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.drain = drain
+    app.state.engine_died = False
     return app
+
+
+async def _watch_engine(engine: Engine, app: Starlette, interval_s: float = 0.5, grace_s: float = 2.0) -> None:
+    """When the engine core dies: /health is already 503; let open streams send their
+    error events, then ask the server to exit (non-zero, see cli.py) so Kubernetes restarts it."""
+    while not engine.is_dead:
+        await asyncio.sleep(interval_s)
+    log.error("the engine core died; open streams end with an error event and the server exits")
+    app.state.engine_died = True
+    await asyncio.sleep(grace_s)
+    request_exit = getattr(app.state, "request_exit", None)
+    if request_exit is not None:
+        request_exit()
 
 
 def _vllm_version() -> str:

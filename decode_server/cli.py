@@ -7,7 +7,6 @@ they behave exactly as in `vllm serve`; the server's own flags are added here.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -49,6 +48,12 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
         help="On SIGTERM: /ready turns 503 and new requests get 503 at once; in-flight requests "
         "run up to this many seconds, then the rest are aborted (streams end with finish_reason "
         "'abort') and the engine shuts down (default: %(default)s).",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="Server log lines as text or one JSON object per line (default: %(default)s).",
     )
     group.add_argument(
         "--max-request-bytes",
@@ -97,7 +102,9 @@ def _apply_demo_defaults(args: argparse.Namespace, parser_defaults: dict) -> Non
 def serve(args: argparse.Namespace, parser_defaults: dict) -> None:
     import uvicorn
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.utils.constants import H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT
 
+    from decode_server.access_log import configure as configure_logging
     from decode_server.app import build_app
     from decode_server.engine import Engine
     from decode_server.pipeline.derender import DerenderConfig
@@ -125,17 +132,26 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> None:
         max_request_bytes=args.max_request_bytes,
     )
     level = (getattr(args, "log_level", None) or "info").lower()
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level, args.log_format)
     uv_config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         loop="uvloop",
         log_level=level,
+        log_config=None,  # keep our handler/format for uvicorn's loggers too
+        access_log=False,  # our access line (decode_server.access) carries request ids and tokens
         # The drain aborts what is left at --drain-timeout; this only bounds a stuck connection.
         timeout_graceful_shutdown=int(args.drain_timeout) + 10,
+        # Header limits as vLLM sets them (CVE-2025-48956).
+        h11_max_incomplete_event_size=H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT,
     )
-    DrainingServer(uv_config, app.state.drain, args.drain_timeout).run()
+    server = DrainingServer(uv_config, app.state.drain, args.drain_timeout)
+    app.state.request_exit = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if app.state.engine_died:
+        # Non-zero so Kubernetes (or any supervisor) restarts the pod.
+        sys.exit(1)
 
 
 def _draining_server_class():

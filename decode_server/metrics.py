@@ -59,7 +59,9 @@ class Metrics:
         if "abort" in stats.finish_reasons:
             self.aborted("engine_abort")
 
-    async def track_stream(self, output_mode: str, started: float, generation: Any, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def track_stream(
+        self, output_mode: str, started: float, generation: Any, chunks: AsyncIterator[Any], on_done: Any = None
+    ) -> AsyncIterator[Any]:
         """Pass chunks through, timing them; in-flight is decremented however the stream ends."""
         stats = generation.stats
         itl = self.itl.labels(output_mode)
@@ -92,6 +94,8 @@ class Metrics:
             self.requests.labels(output_mode, status).inc()
             if "abort" in stats.finish_reasons:
                 self.aborted("engine_abort")
+            if on_done is not None:
+                on_done(int(status))
 
     # ------------------------------------------------------------ exposition
 

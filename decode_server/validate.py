@@ -136,6 +136,14 @@ def vllm_sampling_params(provided: dict[str, Any]) -> SamplingParams:
         raise Rejected(str(e), param=f"sampling_params.{param}" if param else "sampling_params", reason="sampling_params") from e
 
 
+def forbid_params_the_engine_cannot_carry(sp: SamplingParams, req: GenerateRequest) -> None:
+    """The engine gets the request over msgpack; ints beyond 64 bits would fail there, as a 500."""
+    try:
+        msgspec.msgpack.encode((sp, req.kv_transfer_params, req.ec_transfer_params))
+    except (OverflowError, TypeError, ValueError) as e:
+        raise Rejected(f"sampling_params or transfer params cannot be sent to the engine: {e}", reason="unencodable") from e
+
+
 def build_sampling_params(
     req: GenerateRequest,
     limits: EngineLimits,
@@ -164,6 +172,7 @@ def build_sampling_params(
             default_sampling_params=generation_defaults,
         ) if prompt_len < limits.max_model_len else None
     forbid_prompt_plus_max_tokens_beyond_context(prompt_len, sp.max_tokens, limits)
+    forbid_params_the_engine_cannot_carry(sp, req)
     if tokens_only:
         sp.detokenize = False
     # Every level streams deltas internally; batch folds them (one code path).

@@ -50,3 +50,59 @@ def joined_text(events: list[Any], index: int = 0) -> str:
 def finish_reason(events: list[Any], index: int = 0) -> str | None:
     reasons = [c["finish_reason"] for c in choice_chunks(events, index) if c.get("finish_reason")]
     return reasons[-1] if reasons else None
+
+
+def same_chunking(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two choice streams split their tokens the same way (engine timing decides this)."""
+    return [c.get("token_ids") for c in a] == [c.get("token_ids") for c in b]
+
+
+async def _until(client: httpx.AsyncClient, url: str, ready: Any, timeout_s: float = 30.0) -> None:
+    import asyncio
+    import time
+
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = (await client.get(url + "/metrics")).text
+        values = {n: sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(n + "{") or l.startswith(n + " ")) for n in names}
+        if ready(values):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"engine never reached the wanted state: {values}")
+
+
+def abort_while_queued(url: str, body: dict[str, Any], max_num_seqs: int = 16) -> list[dict[str, Any]]:
+    """Stream `body` while `max_num_seqs` long requests hold every engine slot, abort it before
+    its first token, and return its chunks (the blockers are aborted afterwards)."""
+    import asyncio
+
+    blockers = [
+        scripted([9707], [], request_id=f"blocker-{i}", sampling_params={"max_tokens": 400, "ignore_eos": True})
+        for i in range(max_num_seqs)
+    ]
+
+    async def run() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=120) as client:
+
+            async def stream(b: dict[str, Any]) -> list[dict[str, Any]]:
+                out = []
+                async with client.stream("POST", url + GENERATE, json={**b, "stream": True}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            out.append(json.loads(line[6:]))
+                return out
+
+            block_tasks = [asyncio.create_task(stream(b)) for b in blockers]
+            await _until(client, url, lambda m: m["vllm:num_requests_running"] >= max_num_seqs)
+            queued = asyncio.create_task(stream(body))
+            await _until(client, url, lambda m: m["vllm:num_requests_waiting"] >= 1)
+            for _ in range(2):  # twice: the second abort of the same id is a no-op
+                r = await client.post(url + "/abort_requests", json={"request_ids": [body["request_id"], "nobody"]})
+                assert r.status_code == 200
+            result = await asyncio.wait_for(queued, 30)
+            await client.post(url + "/abort_requests", json={"request_ids": [b["request_id"] for b in blockers]})
+            await asyncio.gather(*block_tasks)
+            return result
+
+    return asyncio.run(run())

@@ -11,7 +11,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateTokensStreamResponse,
 )
 
-from tests.support import finish_reason, joined_tokens, post, scripted, sse_events
+from tests.support import choice_chunks, finish_reason, joined_tokens, post, same_chunking, scripted, sse_events
 
 IM_END = 151645
 PROMPT = [9707, 1879]
@@ -86,8 +86,10 @@ def test_tokens_level_equals_vllms_own_generate(server, vllm_server, stream):
     assert joined_tokens(ours) == joined_tokens(theirs) == SCRIPT[:5]
     assert finish_reason(ours) == finish_reason(theirs) == "length"
     assert ours[-2]["usage"] == theirs[-2]["usage"]
-    strip = lambda events: [{k: v for k, v in e.items() if k != "request_id"} for e in events[:-1]]  # noqa: E731
-    assert strip(ours) == strip(theirs)
+    # Chunk by chunk where the engine split the tokens the same way (timing decides it).
+    if same_chunking(choice_chunks(ours), choice_chunks(theirs)):
+        strip = lambda events: [{k: v for k, v in e.items() if k != "request_id"} for e in events[:-1]]  # noqa: E731
+        assert strip(ours) == strip(theirs)
 
 
 def _metric(url: str, name: str) -> float:
