@@ -21,6 +21,7 @@ from decode_server import __version__
 from decode_server.access_log import log_request
 from decode_server.drain import Drain
 from decode_server.engine import Engine
+from decode_server.fingerprint import HEADER as FINGERPRINT_HEADER
 from decode_server.metrics import Metrics
 from decode_server.openapi import openapi_document
 from decode_server.pipeline.tokens import EngineGenerationError
@@ -164,8 +165,9 @@ def build_app(
                 req.request_id = request.headers.get("x-request-id") or new_request_id()
             request_id = req.request_id
             mode = req.output_mode
+            service().check_fingerprint(request.headers.get(FINGERPRINT_HEADER))
             generation = service().prepare(req)
-            headers = {"x-request-id": req.request_id}
+            headers = {"x-request-id": req.request_id, FINGERPRINT_HEADER: service().fingerprint}
             if req.stream:
                 chunks = generation.chunks()
                 # The first chunk is awaited before answering so a request the engine
@@ -232,6 +234,7 @@ def build_app(
                 "owned_by": "decode-server",
                 "root": service().engine.llm.model_config.model,
                 "max_model_len": limits.max_model_len,
+                "parser_fingerprint": service().fingerprint,
             }
             for name in config.served_model_names
         ]

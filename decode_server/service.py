@@ -9,6 +9,8 @@ from typing import Any
 from vllm.exceptions import VLLMClientError
 
 from decode_server.engine import Engine
+from decode_server.fingerprint import HEADER as FINGERPRINT_HEADER
+from decode_server.fingerprint import parser_fingerprint
 from decode_server.pipeline.derender import DerenderConfig, Derenderer, derender_batch, derender_stream
 from decode_server.pipeline.text import with_integer_logprobs, with_text_logprobs
 from decode_server.pipeline.tokens import Step, token_steps
@@ -45,6 +47,22 @@ class GenerateService:
         self.config = config
         self.derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config)
         _ = self.derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
+        self.fingerprint = parser_fingerprint(
+            engine.tokenizer,
+            config.served_model_names[0],
+            config.derender.reasoning_parser,
+            config.derender.tool_call_parser,
+        )
+
+    def check_fingerprint(self, sent: str | None) -> None:
+        if sent is not None and sent != self.fingerprint:
+            raise Rejected(
+                f"parser configuration drift: the request was rendered for fingerprint {sent!r}, "
+                f"this server's is {self.fingerprint!r} (tokenizer, chat template, parsers or model differ)",
+                status=409,
+                param=FINGERPRINT_HEADER,
+                reason="fingerprint_mismatch",
+            )
 
     def check_model(self, req: GenerateRequest) -> None:
         if req.model is not None and req.model not in self.config.served_model_names:

@@ -246,3 +246,52 @@ def test_chat_request_wire_gives_the_same_message_as_parse_context(server, vllm_
     via_chat_request = post(server.url, req).json()
     a, b = (cc.without_ids(cc.batch_message(r["choices"][0]["message"])) for r in (via_context, via_chat_request))
     assert a == b and a["tool_calls"][0]["name"] == "get_weather"
+
+
+# ---------------------------------------------------------------- config drift
+
+
+def test_parser_fingerprint_is_published_and_a_mismatch_is_a_409(server, vllm_server, tokenizer):
+    fingerprint = httpx.get(server.url + "/v1/models").json()["data"][0]["parser_fingerprint"]
+    req = cc.derender_request(vllm_server.url, cc.chat_body(), cc.script_for(tokenizer, "ok"))
+    r = post(server.url, req, headers={"X-Parser-Fingerprint": fingerprint})
+    assert r.status_code == 200 and r.headers["x-parser-fingerprint"] == fingerprint
+    r = post(server.url, req, headers={"X-Parser-Fingerprint": "0123456789abcdef"})
+    assert r.status_code == 409
+    message = r.json()["error"]["message"]
+    assert "0123456789abcdef" in message and fingerprint in message
+    assert post(server.url, req).status_code == 200  # off unless the caller sends one
+
+
+def test_fingerprint_depends_on_the_parsers(server, plain_server):
+    ours = httpx.get(server.url + "/v1/models").json()["data"][0]["parser_fingerprint"]
+    plain = httpx.get(plain_server.url + "/v1/models").json()["data"][0]["parser_fingerprint"]
+    assert ours != plain
+
+
+# ---------------------------------------------------------------- multi-token deltas
+
+
+@pytest.fixture(scope="module")
+def interval4_server(demo_model, log_dir):
+    from tests import servers
+
+    server = servers.ours("interval4", demo_model, log_dir, *servers.PARSER_FLAGS, "--stream-interval", "4").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in (
+    "reasoning_then_content", "reasoning_then_tool_call", "two_parallel_calls", "stop_string_inside_content",
+)], ids=lambda c: c.name)
+def test_multi_token_deltas_parse_the_same(interval4_server, vllm_server, tokenizer, case: Case):
+    script = cc.script_for(tokenizer, case.text)
+    chat = cc.chat_body(**case.chat)
+    events = sse_events(interval4_server.url, cc.derender_request(vllm_server.url, chat, script))[:-1]
+    deltas = _choice_deltas(events)
+    assert max(len(c["token_ids"]) for c in deltas) > 1, "the engine sent multi-token deltas"
+    theirs = [c for e in cc.coupled_chat(vllm_server.url, chat, script, stream=True) for c in e.get("choices", [])]
+    assert cc.without_ids(cc.accumulate([c["delta"] for c in deltas])) == cc.without_ids(
+        cc.accumulate([c["delta"] for c in theirs])
+    )
+    assert deltas[-1]["finish_reason"] == [c for c in theirs if c.get("finish_reason")][-1]["finish_reason"]

@@ -178,3 +178,28 @@ def test_tokens_only_server_serves_tokens_and_rejects_text_levels(tokens_only_se
         assert "requires a tokenizer" in _error(post(tokens_only_server.url, {"token_ids": PROMPT, "output_mode": mode}))
     msg = _error(post(tokens_only_server.url, {"token_ids": PROMPT, "sampling_params": {"stop": ["x"]}}))
     assert "stop strings are not supported on a --tokens-only server" in msg
+
+
+# ---------------------------------------------------------------- vLLM's completions derender
+
+
+@pytest.mark.parametrize("name,text,sampling", [CASES[0], CASES[1], CASES[2], CASES[5]], ids=lambda c: c if isinstance(c, str) else "")
+def test_our_tokens_through_vllms_completions_derender_give_our_text(server, vllm_server, tokenizer, name, text, sampling):
+    body = _body(tokenizer, text, sampling)
+    ours_text = post(server.url, body).json()["choices"][0]["text"]
+    tokens_response = post(server.url, {**body, "output_mode": "tokens"}).json()
+    r = httpx.post(
+        vllm_server.url + "/v1/completions/derender",
+        json={"generate_responses": [tokens_response], "prompt_token_ids": [PROMPT], "prompt_tokens": [len(PROMPT)]},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    derendered = r.json()["choices"][0]["text"]
+    if sampling.get("stop"):
+        # The RFC's prefix rule: token_ids keep the tokens that completed the stop string,
+        # so derender's text starts with ours and differs only after it.
+        assert derendered.startswith(ours_text)
+        if not sampling.get("include_stop_str_in_output"):
+            assert derendered != ours_text
+    else:
+        assert derendered == ours_text
