@@ -131,11 +131,27 @@ def build_app(
                 raise Rejected(f"request body exceeds {max_request_bytes} bytes", status=413, reason="too_large")
         return bytes(body)
 
+    async def release_remote_prefill(req: GenerateRequest | None) -> None:
+        """A decode leg refused before the engine admitted it: have the KV connector tell the
+        prefill instance to free the blocks it holds for this request now, not when its lease
+        runs out (as vLLM's own OpenAI routes do)."""
+        params = req.kv_transfer_params if req is not None else None
+        if not params or not params.get("do_remote_prefill"):
+            return
+        llm = service().engine.llm
+        if llm.vllm_config.kv_transfer_config is None or service().engine.is_dead:
+            return
+        try:
+            await llm.notify_kv_transfer_request_rejected(req.request_id, params)
+        except Exception:
+            log.warning("could not release the remote prefill blocks of rejected request %s", req.request_id, exc_info=True)
+
     async def generate(request: Request) -> Response:
         started = time.monotonic()
         mode = "unknown"
         request_id: str | None = None
         generation = None
+        req: GenerateRequest | None = None
 
         def done(status: int) -> None:
             stats = generation.stats if generation is not None else None
@@ -185,6 +201,7 @@ def build_app(
             return json_response(response, headers=headers)
         except Rejected as e:
             metrics.rejected(mode, e.status, e.reason)
+            await release_remote_prefill(req)
             done(e.status)
             return error_response(e.status, e.message, e.param)
         except ClientDisconnected:
@@ -194,6 +211,8 @@ def build_app(
         except Exception as e:
             status, message = describe_error(e)
             metrics.rejected(mode, status, "engine" if status >= 500 else "engine_validation")
+            if status < 500:
+                await release_remote_prefill(req)
             done(status)
             return error_response(status, message)
 

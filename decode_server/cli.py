@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo-model", help="Write the demo model (config, tokenizer, chat template) to DIR.")
     demo.add_argument("dir", type=Path)
+    # Listed for --help only: main() hands `pd-proxy ...` to decode_server.pd_proxy before this
+    # parser (and vLLM) is built; `decode-server pd-proxy --help` shows its flags.
+    sub.add_parser(
+        "pd-proxy",
+        add_help=False,
+        help="Route /inference/v1/generate through a prefill and a decode server (NIXL), as llm-d's sidecar does.",
+    )
     return parser
 
 
@@ -182,6 +189,12 @@ def DrainingServer(config, drain, drain_timeout):  # noqa: N802 - a class built 
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pd-proxy"]:
+        from decode_server.pd_proxy import main as pd_proxy_main
+
+        pd_proxy_main(argv[1:])
+        return
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo-model":

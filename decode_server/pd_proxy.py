@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -36,8 +35,6 @@ from starlette.routing import Route
 from protocol.errors import error_body
 from protocol.generate import GenerateRequest
 from protocol.pd import FINGERPRINT_HEADER, AsyncPDClient, PrefillLegError, request_id_of
-
-log = logging.getLogger("decode_server.pd_proxy")
 
 _encoder = msgspec.json.Encoder()
 _validate = msgspec.json.Decoder(GenerateRequest)

@@ -1,0 +1,161 @@
+"""Systems under test as loopback subprocesses, all on the same engine configuration.
+
+- ours: `python -m decode_server.cli serve DIR ...` with the qwen3/hermes parsers;
+- vllm: `python -m vllm.entrypoints.openai.api_server --model DIR --enable-scale-out ...`
+  with the same parser flags (it serves generate, coupled chat, /render and /derender);
+  a second instance ("vllm-derender") serves only /derender for the split RFC baseline;
+- inproc: `python -m bench.inproc` (AsyncLLM in-process, no HTTP), same engine flags.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPLAY = "decode_server.replay:ReplayLogitsProcessor"
+MODEL_NAME = "demo"
+GiB = 1024**3
+
+
+def engine_flags(max_num_seqs: int = 64, max_model_len: int = 10240, kv_bytes: int = 2 * GiB) -> list[str]:
+    """The engine configuration every system gets (so every system produces the same tokens)."""
+    return [
+        "--load-format", "dummy",
+        "--served-model-name", MODEL_NAME,
+        "--max-model-len", str(max_model_len),
+        "--max-num-seqs", str(max_num_seqs),
+        "--kv-cache-memory-bytes", str(kv_bytes),
+        "--logits-processors", REPLAY,
+        "--seed", "0",
+        "--reasoning-parser", "qwen3",
+    ]  # fmt: skip
+
+
+TOOL_FLAGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+def child_env(bind: str) -> dict[str, str]:
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": bind}
+    # The engine core is a spawned process: it must find decode_server.replay and bench.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root()), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], log_path: Path, bind: str):
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [*argv, "--port", str(self.port)]
+        self.log_path = log_path
+        self.env = child_env(bind)
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 420) -> Server:
+        self.launch()
+        return self.wait_healthy(timeout_s)
+
+    def launch(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self._t0 = time.monotonic()
+        # Deliberately *not* start_new_session: with the kernel's CFS autogroups (enabled here), a
+        # new session is a new scheduling group, and the server tree (frontend + two spinning
+        # engine processes) then gets bursty, multi-second-late token delivery whenever other
+        # sessions load the machine. Same session as the load generator = one group for the test.
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, cwd=repo_root()
+        )
+
+    def wait_healthy(self, timeout_s: float = 420) -> Server:
+        assert self.proc is not None
+        t0 = self._t0
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
+                    self.startup_s = round(time.monotonic() - t0, 1)
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not become healthy in {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60) -> None:
+        if self.proc is None:
+            return
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        # Engine children of a killed server must not linger on a 2-core machine (ours, by pid).
+        _, alive = psutil.wait_procs(children, timeout=10)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def ours(model_dir: Path, log_dir: Path, bind: str, flags: list[str]) -> Server:
+    argv = [
+        sys.executable, "-m", "decode_server.cli", "serve", str(model_dir),
+        "--host", "127.0.0.1", "--drain-timeout", "5", *flags, *TOOL_FLAGS,
+    ]  # fmt: skip
+    return Server("ours", argv, log_dir / "ours.log", bind)
+
+
+def vllms_own(model_dir: Path, log_dir: Path, bind: str, flags: list[str], name: str = "vllm") -> Server:
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--host", "127.0.0.1", "--enable-scale-out", *flags, *TOOL_FLAGS,
+    ]  # fmt: skip
+    return Server(name, argv, log_dir / f"{name}.log", bind)
+
+
+def inproc_argv(model_dir: Path, flags: list[str], workload: Path, scenarios: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "bench.inproc",
+        "--bench-workload", str(workload), "--bench-scenarios", str(scenarios), "--bench-out", str(out),
+        "--model", str(model_dir), *flags,
+    ]  # fmt: skip

@@ -1,0 +1,319 @@
+"""Prefill/decode orchestration for `POST /inference/v1/generate`, as llm-d's NIXL v2 sidecar does it.
+
+One generate request becomes two legs:
+
+1. the **prefill leg**, to a prefill server (`--tokens-only`, `kv_role: kv_producer`): the
+   caller's request with `stream: false`, no `stream_options`, `max_tokens: 1`,
+   `min_tokens: 1`, `output_mode: "tokens"`, no `chat_request` / `parse_context`, no
+   `sampling_params.stop` or `.structured_outputs` (a tokens-only server refuses both; the
+   sidecar keeps the latter), and `kv_transfer_params` = `PREFILL_KV_TRANSFER_PARAMS`
+   (`do_remote_decode: true`). Its batch answer carries the producer's `kv_transfer_params`
+   (engine id, block ids, side-channel host and port).
+2. the **decode leg**, to a decode server (`kv_role: kv_consumer`): the caller's request as
+   sent (its `output_mode`, `stream`, `stream_options`, `parse_context`, `max_tokens`, stop
+   strings, ...) with `kv_transfer_params` replaced by what the prefill leg returned. The
+   decode engine pulls the prompt's KV blocks over NIXL and generates from there.
+
+Both legs carry the same `X-Request-Id` (the caller's `request_id`, else a new one). The
+`x-parser-fingerprint` header, if the caller sends one, goes to the decode leg only (the
+prefill pool has no tokenizer, so its fingerprint differs by design).
+
+`leg_requests()` / `prefill_request()` / `decode_request()` are the pure transformations;
+`PDClient` (sync) and `AsyncPDClient` run them over httpx. This module imports no vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from protocol.client import _BATCH, GENERATE_PATH, _mode, _raise_for, parse_sse_data
+from protocol.errors import GenerateError
+from protocol.generate import GenerateRequest, new_request_id
+
+log = logging.getLogger("protocol.pd")
+
+FINGERPRINT_HEADER = "x-parser-fingerprint"
+REQUEST_ID_HEADER = "x-request-id"
+
+# What llm-d's routing sidecar (connector nixlv2) puts on the prefill leg.
+PREFILL_KV_TRANSFER_PARAMS: Mapping[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+_encoder = msgspec.json.Encoder()
+
+
+class PrefillLegError(GenerateError):
+    """The prefill leg failed: its status and the prefill server's message."""
+
+
+def as_dict(request: GenerateRequest | Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of the request as plain JSON values (UNSET fields left out)."""
+    if isinstance(request, GenerateRequest):
+        return msgspec.to_builtins(request)
+    return copy.deepcopy(dict(request))
+
+
+def prefill_request(request: GenerateRequest | Mapping[str, Any]) -> dict[str, Any]:
+    """The prefill leg's body for `request` (see the module docstring)."""
+    body = as_dict(request)
+    body["stream"] = False
+    body.pop("stream_options", None)
+    body["output_mode"] = "tokens"
+    body.pop("chat_request", None)
+    body.pop("parse_context", None)
+    sampling = dict(body.get("sampling_params") or {})
+    sampling["max_tokens"] = 1
+    sampling["min_tokens"] = 1
+    # Both need a tokenizer, which a --tokens-only prefill pool lacks (400), and neither can matter:
+    # the prefill leg's one token is thrown away (the decode engine samples the first token itself).
+    sampling.pop("stop", None)
+    sampling.pop("structured_outputs", None)
+    body["sampling_params"] = sampling
+    body["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
+    return body
+
+
+def decode_request(
+    request: GenerateRequest | Mapping[str, Any], kv_transfer_params: dict[str, Any] | None, *, stream: bool | None = None
+) -> dict[str, Any]:
+    """The decode leg's body: the caller's request with the prefill leg's `kv_transfer_params`.
+
+    `stream` overrides the request's own flag (the typed clients force it); None keeps it.
+    """
+    body = as_dict(request)
+    if stream is not None:
+        body["stream"] = stream
+    body["kv_transfer_params"] = kv_transfer_params
+    return body
+
+
+def leg_requests(
+    request: GenerateRequest | Mapping[str, Any], kv_transfer_params: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(prefill leg, decode leg) bodies; the decode leg given the prefill answer's params."""
+    return prefill_request(request), decode_request(request, kv_transfer_params)
+
+
+def request_id_of(request: GenerateRequest | Mapping[str, Any], headers: Mapping[str, str] | None = None) -> str:
+    """The id both legs use: the body's `request_id`, else the caller's X-Request-Id, else a new one."""
+    rid = request.request_id if isinstance(request, GenerateRequest) else request.get("request_id")
+    if isinstance(rid, str) and rid:
+        return rid
+    if headers:
+        for k, v in headers.items():
+            if k.lower() == REQUEST_ID_HEADER and v:
+                return v
+    return new_request_id()
+
+
+def _leg_headers(
+    base: Mapping[str, str] | None, request_id: str, *, leg: str
+) -> dict[str, str]:
+    headers = {"content-type": "application/json", REQUEST_ID_HEADER: request_id}
+    for k, v in (base or {}).items():
+        lk = k.lower()
+        if lk in ("content-type", "content-length", REQUEST_ID_HEADER, "host"):
+            continue
+        if lk == FINGERPRINT_HEADER and leg != "decode":
+            continue
+        headers[lk] = v
+    return headers
+
+
+def _kv_params_from(status: int, content: bytes) -> dict[str, Any] | None:
+    if status != 200:
+        try:
+            _raise_for(status, content)
+        except GenerateError as e:
+            raise PrefillLegError(e.status, f"prefill leg failed: {e.message}", e.param) from None
+    try:
+        answer = msgspec.json.decode(content)
+    except msgspec.DecodeError as e:
+        raise PrefillLegError(502, f"prefill leg answered with invalid JSON: {e}") from None
+    params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+    if params is None:
+        # As llm-d's sidecar: warn and let the decode server prefill locally.
+        log.warning("the prefill leg's answer has no kv_transfer_params; the decode leg will prefill itself")
+    return params
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class PDClient:
+    """Sync P/D client: `generate()` → typed batch response, `stream()` → typed chunks,
+    `stream_lines()` → the decode leg's raw SSE lines."""
+
+    def __init__(
+        self,
+        prefill_url: str,
+        decode_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float | None = 600.0,
+        headers: Mapping[str, str] | None = None,
+    ):
+        self._prefill = httpx.Client(base_url=prefill_url, timeout=timeout)
+        self._decode = httpx.Client(base_url=decode_url, timeout=timeout)
+        self._headers = {**_auth(api_key), **(headers or {})}
+        self.last_kv_transfer_params: dict[str, Any] | None = None
+
+    def close(self) -> None:
+        self._prefill.close()
+        self._decode.close()
+
+    def __enter__(self) -> PDClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def prefill(self, request: GenerateRequest | Mapping[str, Any], request_id: str | None = None) -> dict[str, Any] | None:
+        """Run the prefill leg; return the `kv_transfer_params` for the decode leg."""
+        rid = request_id or request_id_of(request)
+        r = self._prefill.post(
+            GENERATE_PATH,
+            content=_encoder.encode(prefill_request(request)),
+            headers=_leg_headers(self._headers, rid, leg="prefill"),
+        )
+        params = _kv_params_from(r.status_code, r.content)
+        self.last_kv_transfer_params = params
+        return params
+
+    def _legs(self, request: GenerateRequest | Mapping[str, Any], stream: bool) -> tuple[bytes, dict[str, str]]:
+        rid = request_id_of(request)
+        params = self.prefill(request, rid)
+        body = decode_request(request, params, stream=stream)
+        return _encoder.encode(body), _leg_headers(self._headers, rid, leg="decode")
+
+    def generate(self, request: GenerateRequest | Mapping[str, Any]) -> Any:
+        content, headers = self._legs(request, False)
+        r = self._decode.post(GENERATE_PATH, content=content, headers=headers)
+        if r.status_code != 200:
+            _raise_for(r.status_code, r.content)
+        return msgspec.json.decode(r.content, type=_BATCH[_mode(request)])
+
+    def stream_lines(self, request: GenerateRequest | Mapping[str, Any]) -> Iterator[str]:
+        content, headers = self._legs(request, True)
+        with self._decode.stream("POST", GENERATE_PATH, content=content, headers=headers) as r:
+            if r.status_code != 200:
+                r.read()
+                _raise_for(r.status_code, r.content)
+            yield from r.iter_lines()
+
+    def stream(self, request: GenerateRequest | Mapping[str, Any]) -> Iterator[Any]:
+        mode = _mode(request)
+        for line in self.stream_lines(request):
+            chunk = parse_sse_data(line, mode)
+            if chunk is not None:
+                yield chunk
+
+
+class AsyncPDClient:
+    """Async P/D client; `send_decode()` gives the raw streaming decode response (for proxies)."""
+
+    def __init__(
+        self,
+        prefill_url: str,
+        decode_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float | None = 600.0,
+        headers: Mapping[str, str] | None = None,
+        **httpx_kwargs: Any,
+    ):
+        self._prefill = httpx.AsyncClient(base_url=prefill_url, timeout=timeout, **httpx_kwargs)
+        self._decode = httpx.AsyncClient(base_url=decode_url, timeout=timeout, **httpx_kwargs)
+        self._headers = {**_auth(api_key), **(headers or {})}
+        self.last_kv_transfer_params: dict[str, Any] | None = None
+
+    async def aclose(self) -> None:
+        await self._prefill.aclose()
+        await self._decode.aclose()
+
+    async def __aenter__(self) -> AsyncPDClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def prefill(
+        self,
+        request: GenerateRequest | Mapping[str, Any],
+        request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> dict[str, Any] | None:
+        rid = request_id or request_id_of(request, headers)
+        r = await self._prefill.post(
+            GENERATE_PATH,
+            content=_encoder.encode(prefill_request(request)),
+            headers=_leg_headers({**self._headers, **(headers or {})}, rid, leg="prefill"),
+        )
+        params = _kv_params_from(r.status_code, r.content)
+        self.last_kv_transfer_params = params
+        return params
+
+    async def send_decode(
+        self,
+        request: GenerateRequest | Mapping[str, Any],
+        kv_transfer_params: dict[str, Any] | None,
+        request_id: str,
+        *,
+        stream: bool | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send the decode leg and return the open response (the caller must `aclose()` it)."""
+        body = decode_request(request, kv_transfer_params, stream=stream)
+        req = self._decode.build_request(
+            "POST",
+            GENERATE_PATH,
+            content=_encoder.encode(body),
+            headers=_leg_headers({**self._headers, **(headers or {})}, request_id, leg="decode"),
+        )
+        return await self._decode.send(req, stream=True)
+
+    async def _open(self, request: GenerateRequest | Mapping[str, Any], stream: bool) -> httpx.Response:
+        rid = request_id_of(request)
+        params = await self.prefill(request, rid)
+        return await self.send_decode(request, params, rid, stream=stream)
+
+    async def generate(self, request: GenerateRequest | Mapping[str, Any]) -> Any:
+        r = await self._open(request, False)
+        try:
+            content = await r.aread()
+        finally:
+            await r.aclose()
+        if r.status_code != 200:
+            _raise_for(r.status_code, content)
+        return msgspec.json.decode(content, type=_BATCH[_mode(request)])
+
+    async def stream_lines(self, request: GenerateRequest | Mapping[str, Any]) -> AsyncIterator[str]:
+        r = await self._open(request, True)
+        try:
+            if r.status_code != 200:
+                await r.aread()
+                _raise_for(r.status_code, r.content)
+            async for line in r.aiter_lines():
+                yield line
+        finally:
+            await r.aclose()
+
+    async def stream(self, request: GenerateRequest | Mapping[str, Any]) -> AsyncIterator[Any]:
+        mode = _mode(request)
+        async for line in self.stream_lines(request):
+            chunk = parse_sse_data(line, mode)
+            if chunk is not None:
+                yield chunk

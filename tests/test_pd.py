@@ -1,0 +1,560 @@
+"""Prefill/decode disaggregation for real: two decode-server instances with vLLM's NixlConnector.
+
+A prefill instance (`--tokens-only`, `kv_producer`) and a decode instance (tokenizer, qwen3 +
+hermes parsers, `kv_consumer`) on loopback, with the KV cache in host memory
+(`kv_buffer_device: cpu`) and NIXL's UCX backend moving it; requests go through
+`protocol.pd` (the legs llm-d's NIXL v2 routing sidecar builds) and `decode-server pd-proxy`.
+
+The model is the demo model with **real, seeded random weights** (written once into a copy of
+the demo model dir and loaded as safetensors, not `--load-format dummy`): dummy weights give
+near-identical output for any prompt, so they could not show that decode used the transferred
+KV. With these weights the next token depends on the whole prompt.
+
+Two machine-level settings keep the pair fast on a small CPU box:
+
+- each engine's OpenMP thread is pinned to its own core (`VLLM_CPU_OMP_THREADS_BIND`);
+- NIXL's UCX progress thread busy-polls a core per engine: nixl 1.5.1's Python agent hard-codes
+  `pthrDelay = 0`, the timeout of the thread's `poll()` on the UCX workers' event fds, and
+  neither vLLM nor NIXL reads a setting for it. A `sitecustomize` on these two servers'
+  PYTHONPATH sets it to 1 ms when `nixl_cu12._api` / `nixl_cu13._api` load (the thread still
+  wakes on UCX events at once; the timeout is NIXL's fallback wake-up), so an idle engine
+  costs ~1% of a core instead of 100%.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from protocol.client import Client
+from protocol.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
+from tests import servers
+from tests.chat_cases import USER, WEATHER, accumulate, call, parse_context, without_ids
+from tests.support import GENERATE, choice_chunks, finish_reason, joined_tokens, scripted
+
+pytestmark = pytest.mark.timeout(900)
+
+# The progress-thread poll timeout NIXL gets in the test servers (see the module docstring).
+NIXL_PROGRESS_DELAY_US = 1000
+
+_SITECUSTOMIZE = '''\
+"""Test servers only: give NIXL's UCX progress thread a poll() timeout instead of a busy loop."""
+import importlib.abc, importlib.machinery, importlib.util, os, sys
+
+_DELAY_US = int(os.environ.get("DECODE_SERVER_TEST_NIXL_PTHR_DELAY_US", "%d"))
+
+
+class _NixlProgressDelay(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in ("nixl_cu12._api", "nixl_cu13._api"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            bindings = module.nixlBind
+            new_agent = bindings.nixlAgent
+
+            def nixl_agent(name, config):
+                config.pthrDelay = _DELAY_US
+                return new_agent(name, config)
+
+            bindings.nixlAgent = nixl_agent
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _DELAY_US > 0:
+    sys.meta_path.insert(0, _NixlProgressDelay())
+
+# Keep any sitecustomize this one shadows.
+_here = os.path.dirname(os.path.abspath(__file__))
+_other = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here]
+)
+if _other is not None and _other.loader is not None:
+    _module = importlib.util.module_from_spec(_other)
+    _other.loader.exec_module(_module)
+''' % NIXL_PROGRESS_DELAY_US
+
+
+# ----------------------------------------------------------------- model with real weights
+
+
+def write_seeded_weights(model_dir: Path, seed: int = 0) -> None:
+    """model.safetensors with seeded random weights for the demo model's Qwen3 config.
+
+    Scales: embeddings N(0, 0.3²) (tied to the LM head), every projection N(0, 1/fan_in),
+    norms 1. Small embeddings keep the residual stream from being a copy of the last token,
+    so attention over the whole prompt decides the next token.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["tie_word_embeddings"], "the weights below assume a tied LM head"
+    g = torch.Generator().manual_seed(seed)
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def proj(out_dim: int, in_dim: int) -> Any:
+        return (torch.randn(out_dim, in_dim, generator=g) / in_dim**0.5).to(torch.bfloat16)
+
+    def ones(n: int) -> Any:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    tensors = {
+        "model.embed_tokens.weight": (torch.randn(vocab, hidden, generator=g) * 0.3).to(torch.bfloat16),
+        "model.norm.weight": ones(hidden),
+    }
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": proj(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": proj(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": proj(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": proj(hidden, heads * head_dim),
+            p + "self_attn.q_norm.weight": ones(head_dim),
+            p + "self_attn.k_norm.weight": ones(head_dim),
+            p + "mlp.gate_proj.weight": proj(inter, hidden),
+            p + "mlp.up_proj.weight": proj(inter, hidden),
+            p + "mlp.down_proj.weight": proj(hidden, inter),
+            p + "input_layernorm.weight": ones(hidden),
+            p + "post_attention_layernorm.weight": ones(hidden),
+        }
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def seeded_model(demo_model, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("pd-model") / "demo-seeded"
+    shutil.copytree(demo_model, target)
+    write_seeded_weights(target)
+    return target
+
+
+# ----------------------------------------------------------------- the P/D pair
+
+
+def _engine_flags_with_real_weights() -> list[str]:
+    flags = list(servers.ENGINE_FLAGS)
+    i = flags.index("--load-format")
+    flags[i + 1] = "safetensors"
+    return flags
+
+
+def _kv_config(role: str) -> str:
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"})
+
+
+def _omp_binds() -> tuple[str, str]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return (str(cpus[0]), str(cpus[1])) if len(cpus) >= 2 else ("nobind", "nobind")
+
+
+class Pair:
+    def __init__(self, prefill: servers.Server, decode: servers.Server, proxy: servers.Server):
+        self.prefill, self.decode, self.proxy = prefill, decode, proxy
+
+
+@pytest.fixture(scope="module")
+def pd_pair(seeded_model, log_dir, tmp_path_factory):
+    try:
+        import nixl  # noqa: F401
+    except ImportError as e:  # the `test` extra pins nixl; a stale venv lacks it
+        pytest.fail(f"NIXL is not importable ({e}); run ./dev setup (the test extra installs nixl==1.5.1)")
+    hook = tmp_path_factory.mktemp("nixl-hook")
+    (hook / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    pythonpath = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    common_env = {
+        "PYTHONPATH": pythonpath,
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "UCX_RCACHE_MAX_UNRELEASED": "1024",
+    }
+    p_bind, d_bind = _omp_binds()
+    base = [sys.executable, "-m", "decode_server.cli", "serve", str(seeded_model), *_engine_flags_with_real_weights()]
+    prefill = servers.Server(
+        "pd-prefill",
+        [*base, "--tokens-only", "--kv-transfer-config", _kv_config("kv_producer")],
+        log_dir,
+        env={**common_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()), "VLLM_CPU_OMP_THREADS_BIND": p_bind},
+    )
+    decode = servers.Server(
+        "pd-decode",
+        [*base, *servers.PARSER_FLAGS, "--kv-transfer-config", _kv_config("kv_consumer")],
+        log_dir,
+        env={**common_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()), "VLLM_CPU_OMP_THREADS_BIND": d_bind},
+    )
+    started: list[servers.Server] = []
+    try:
+        # Both engines load at once: the wait is one start-up, not two.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = {pool.submit(s.start): s for s in (prefill, decode)}
+            for f in concurrent.futures.as_completed(futures):
+                f.result()
+                started.append(futures[f])
+        proxy = servers.Server(
+            "pd-proxy",
+            [sys.executable, "-m", "decode_server.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
+            log_dir,
+        ).start(timeout_s=60)
+        started.append(proxy)
+        yield Pair(prefill, decode, proxy)
+    finally:
+        # A NIXL engine's worker does not exit on its own (vLLM kills it after 5 s): stop both at once.
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda s: s.stop(), (*started, prefill, decode)))
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _salt() -> str:
+    """A fresh cache_salt: no request here reuses another's KV through the local prefix cache."""
+    return f"pd-{time.monotonic_ns()}-{random.random()}"
+
+
+def _metrics(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = re.sub(r'(engine|model_name)="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")
+        out[name] = float(value)
+    return out
+
+
+def _kv_usage(url: str) -> float:
+    return _metrics(url)["vllm:kv_cache_usage_perc"]
+
+
+def _chat_prompt(tokenizer, tools: list[dict[str, Any]]) -> list[int]:
+    text = tokenizer.apply_chat_template(USER, tools=tools, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _first_token(url: str, token_ids: list[int], kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "token_ids": token_ids,
+        "cache_salt": _salt(),
+        "sampling_params": {"max_tokens": 1, "temperature": 0, "logprobs": 2},
+    }
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    r = httpx.post(url + GENERATE, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["logprobs"]["content"][0]
+
+
+# ----------------------------------------------------------------- the legs (no engine)
+
+
+def test_leg_bodies_are_what_the_nixl_v2_sidecar_sends():
+    caller = {
+        "token_ids": [1, 2, 3],
+        "request_id": "r1",
+        "output_mode": "derender",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_salt": "s",
+        "parse_context": {"tools": []},
+        "chat_request": None,
+        "sampling_params": {
+            "max_tokens": 50,
+            "min_tokens": 5,
+            "stop": ["x"],
+            "structured_outputs": {"choice": ["a", "b"]},
+            "temperature": 0.5,
+            "extra_args": {"k": 1},
+        },
+    }
+    p = prefill_request(caller)
+    assert p == {
+        "token_ids": [1, 2, 3],
+        "request_id": "r1",
+        "output_mode": "tokens",
+        "stream": False,
+        "cache_salt": "s",
+        "sampling_params": {"max_tokens": 1, "min_tokens": 1, "temperature": 0.5, "extra_args": {"k": 1}},
+        "kv_transfer_params": dict(PREFILL_KV_TRANSFER_PARAMS),
+    }
+    kv = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [[1]]}
+    d = decode_request(caller, kv)
+    assert d == {**caller, "kv_transfer_params": kv}
+    assert caller["sampling_params"]["max_tokens"] == 50, "the caller's request is not mutated"
+
+
+# ----------------------------------------------------------------- against the real pair
+
+
+def test_prefill_pool_rejects_a_misrouted_decode_leg(pd_pair):
+    """A text/derender (decode-leg) request that lands on the prefill pool fails loud with 400."""
+    for mode in ("text", "derender"):
+        r = httpx.post(pd_pair.prefill.url + GENERATE, json={"token_ids": [9707, 1879], "output_mode": mode}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "requires a tokenizer" in r.json()["error"]["message"]
+    r = httpx.post(
+        pd_pair.prefill.url + GENERATE, json={"token_ids": [9707], "sampling_params": {"stop": ["."]}}, timeout=60
+    )
+    assert r.status_code == 400 and "stop strings" in r.json()["error"]["message"]
+
+
+def test_prefill_leg_returns_the_producers_kv_transfer_params(pd_pair):
+    body = prefill_request({"token_ids": list(range(1000, 1040)), "cache_salt": _salt()})
+    r = httpx.post(pd_pair.prefill.url + GENERATE, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_transfer_params"]
+    assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+    assert kv["remote_host"] == "127.0.0.1" and isinstance(kv["remote_port"], int)
+    assert kv["remote_engine_id"] and kv["remote_block_ids"] and kv["remote_num_tokens"] == 40
+    # Pull it, so the producer frees the blocks now rather than at the lease timeout.
+    with Client(pd_pair.decode.url) as c:
+        c.generate({"token_ids": body["token_ids"], "cache_salt": body["cache_salt"], "kv_transfer_params": kv,
+                    "sampling_params": {"max_tokens": 1}})
+
+
+def test_derender_stream_through_the_proxy_equals_one_instance(pd_pair, tokenizer):
+    script = tokenizer.encode(
+        "<think>\nThe user wants the weather.\n</think>\n\n" + call("get_weather", {"city": "Paris"}),
+        add_special_tokens=False,
+    )
+    chat = {"tools": [WEATHER]}
+    request = scripted(
+        _chat_prompt(tokenizer, [WEATHER]),
+        script,
+        output_mode="derender",
+        parse_context=parse_context(chat),
+        stream_options={"include_usage": True},
+        sampling_params={"max_tokens": 64, "skip_special_tokens": False, "stop": ["never-in-the-output"]},
+    )
+    before = _metrics(pd_pair.decode.url)
+
+    def run(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[Any]:
+        events: list[Any] = []
+        with httpx.stream("POST", url + GENERATE, json={**body, "stream": True}, headers=headers, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+        return events
+
+    single = run(pd_pair.decode.url, {**request, "cache_salt": _salt()})
+    rid = f"pd-derender-{time.monotonic_ns()}"
+    via_proxy = run(pd_pair.proxy.url, {**request, "cache_salt": _salt()}, headers={"X-Request-Id": rid})
+    after = _metrics(pd_pair.decode.url)
+
+    def message(events: list[Any]) -> dict[str, Any]:
+        return without_ids(accumulate([c["delta"] for c in choice_chunks(events)]))
+
+    assert message(via_proxy) == message(single)
+    assert message(single)["reasoning"] and message(single)["tool_calls"][0]["name"] == "get_weather"
+    assert joined_tokens(via_proxy) == joined_tokens(single) == [*script, 151645]
+    assert finish_reason(via_proxy) == finish_reason(single) == "tool_calls"
+    assert via_proxy[-1] == "[DONE]" and via_proxy[-2]["usage"] == single[-2]["usage"]
+    assert all(e["output_mode"] == "derender" and e["request_id"] == rid for e in via_proxy if isinstance(e, dict))
+    # Both legs ran under the caller's request id (the prefill one as a tokens-level request).
+    assert f"request_id={rid} output_mode=tokens status=200" in pd_pair.prefill.log_tail(20000)
+    # ... and the proxied one really was decoded from the prefill pool's KV.
+    p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
+    assert after[p2p] - before[p2p] == len(request["token_ids"])
+
+
+def test_every_output_level_decodes_from_transferred_kv(pd_pair, tokenizer):
+    """Batch tokens/text/derender through PDClient (sync) and a text stream through AsyncPDClient."""
+    prompt = _chat_prompt(tokenizer, [])
+    text = "<think>\nShort answer.\n</think>\n\nSunny, 21 degrees."
+    script = tokenizer.encode(text, add_special_tokens=False)
+    p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
+    before = _metrics(pd_pair.decode.url)
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd, Client(pd_pair.decode.url) as one:
+        for mode in ("tokens", "text", "derender"):
+            fields: dict[str, Any] = {"output_mode": mode, "sampling_params": {"max_tokens": 32, "logprobs": 1}}
+            if mode == "derender":
+                fields["parse_context"] = {}
+            ours = pd.generate(scripted(prompt, script, cache_salt=_salt(), **fields))
+            ref = one.generate(scripted(prompt, script, cache_salt=_salt(), **fields))
+            assert pd.last_kv_transfer_params["do_remote_prefill"] is True
+            assert ours.choices[0].token_ids == ref.choices[0].token_ids == [*script, 151645], mode
+            assert ours.usage == ref.usage
+            assert ours.kv_transfer_params is None  # a consumer hands nothing on
+            if mode == "text":
+                assert ours.choices[0].text == ref.choices[0].text == text
+            if mode == "derender":
+                assert ours.choices[0].message == ref.choices[0].message
+                assert ours.choices[0].message.content.strip() == "Sunny, 21 degrees."
+
+    async def async_stream() -> str:
+        async with AsyncPDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+            chunks = [c async for c in pd.stream(scripted(prompt, script, output_mode="text", cache_salt=_salt()))]
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+
+    assert asyncio.run(async_stream()) == text
+    after = _metrics(pd_pair.decode.url)
+    assert after[p2p] - before[p2p] == 4 * len(prompt)
+
+
+def test_structured_output_requests_go_through(pd_pair):
+    """A tokens-only prefill pool refuses structured outputs; the prefill leg drops them, the decode leg applies them."""
+    body = {
+        "token_ids": list(range(8000, 8030)),
+        "output_mode": "text",
+        # The decode server has a reasoning parser: the grammar applies once reasoning has ended.
+        "reasoning_ended": True,
+        "sampling_params": {"max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": ["sunny", "rainy"]}},
+    }
+    r = httpx.post(pd_pair.prefill.url + GENERATE, json={**body, "output_mode": "tokens"}, timeout=60)
+    assert r.status_code == 400 and "requires a tokenizer" in r.json()["error"]["message"]
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd, Client(pd_pair.decode.url) as one:
+        ours = pd.generate({**body, "cache_salt": _salt()})
+        assert pd.last_kv_transfer_params["do_remote_prefill"] is True
+        ref = one.generate({**body, "cache_salt": _salt()})
+    assert ours.choices[0].text == ref.choices[0].text
+    assert ours.choices[0].text in ("sunny", "rainy")
+
+
+def test_decode_uses_the_transferred_kv_not_its_own_prompt(pd_pair):
+    """Decode prompt B with prompt A's transferred KV: the first token is A's, not B's.
+
+    A and B have the same length and last token, and differ everywhere else. The decode
+    engine loads all of B's positions but the last from the prefill pool and computes only
+    the last one itself, so with A's blocks it computes exactly A's next token.
+    """
+    rnd = random.Random(7)
+    for _attempt in range(6):
+        a_ids = [rnd.randrange(1000, 100_000) for _ in range(47)] + [1273]
+        b_ids = [rnd.randrange(1000, 100_000) for _ in range(47)] + [1273]
+        a, b = _first_token(pd_pair.decode.url, a_ids), _first_token(pd_pair.decode.url, b_ids)
+        margin = min(t["logprob"] for t in (a, b)) - max(
+            t["top_logprobs"][1]["logprob"] for t in (a, b)
+        )
+        if a["token_id"] != b["token_id"] and margin > 0.1:
+            break
+    else:
+        pytest.fail("no prompt pair with distinct first tokens and a clear argmax margin")
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+        kv_a = pd.prefill({"token_ids": a_ids, "cache_salt": _salt()})
+        kv_b = pd.prefill({"token_ids": b_ids, "cache_salt": _salt()})
+    swapped = _first_token(pd_pair.decode.url, b_ids, kv_a)
+    own = _first_token(pd_pair.decode.url, b_ids, kv_b)
+    assert swapped["token_id"] == a["token_id"] != b["token_id"]
+    assert swapped["logprob"] == pytest.approx(a["logprob"], abs=0.05)
+    assert own["token_id"] == b["token_id"]
+    assert own["logprob"] == pytest.approx(b["logprob"], abs=0.05)
+
+
+def test_decode_metrics_show_the_p2p_transfer(pd_pair):
+    prompt = list(range(2000, 2300))  # 300 tokens: more than one KV block
+    before = _metrics(pd_pair.decode.url)
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+        r = pd.generate({"token_ids": prompt, "cache_salt": _salt(), "sampling_params": {"max_tokens": 4}})
+    after = _metrics(pd_pair.decode.url)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert len(r.choices[0].token_ids) == 4
+    assert delta('vllm:prompt_tokens_cached_by_source_total{source="p2p"}') == len(prompt)
+    assert delta('vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}') == len(prompt)
+    assert delta("vllm:nixl_xfer_time_seconds_count") >= 1
+    assert delta("vllm:nixl_bytes_transferred_sum") > 0
+    assert after["vllm:nixl_num_failed_transfers_total"] == 0
+    assert after["vllm:nixl_num_failed_notifications_total"] == 0
+    # The usage block does not show it (vLLM counts p2p hits only in its metrics).
+    assert r.usage.prompt_tokens == len(prompt)
+
+
+def test_a_failing_prefill_leg_surfaces_through_the_proxy(pd_pair):
+    r = httpx.post(pd_pair.proxy.url + GENERATE, json={"token_ids": [1, 2, 10**7], "output_mode": "text"}, timeout=60)
+    assert r.status_code == 400
+    assert r.headers["x-pd-failed-leg"] == "prefill"
+    assert "out of the model's vocabulary" in r.json()["error"]["message"]
+    r = httpx.post(pd_pair.proxy.url + GENERATE, json={"token_ids": "nope"}, timeout=60)
+    assert r.status_code == 400 and "x-pd-failed-leg" not in r.headers
+
+
+def test_closing_a_proxied_stream_aborts_the_decode_leg(pd_pair):
+    name = 'decode_server_aborts_total{cause="client_disconnect"}'
+    before = _metrics(pd_pair.decode.url).get(name, 0.0)
+    body = {
+        "token_ids": list(range(7000, 7064)),
+        "stream": True,
+        "cache_salt": _salt(),
+        "sampling_params": {"max_tokens": 3000, "ignore_eos": True},
+    }
+    with httpx.stream("POST", pd_pair.proxy.url + GENERATE, json=body, timeout=120) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["token_ids"]
+    # Closing the client's stream closes the proxy's decode leg: the decode server aborts it.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = _metrics(pd_pair.decode.url)
+        if m.get(name, 0.0) > before and m["decode_server_live_request_states"] == 0:
+            break
+        time.sleep(0.25)
+    assert m.get(name, 0.0) == before + 1
+    assert m["decode_server_live_request_states"] == 0
+
+
+def test_idle_pair_does_not_busy_poll(pd_pair):
+    """With the progress-thread timeout set, an idle engine's processes use ~no CPU.
+
+    (A prefill engine holding blocks for a decode leg that has not pulled them yet keeps
+    stepping until they are released: wait for that first.)
+    """
+    import psutil
+
+    deadline = time.monotonic() + 45
+    while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1.0)
+
+    def busy(server: servers.Server) -> dict[str, float]:
+        root = psutil.Process(server.proc.pid)
+        procs = [root, *root.children(recursive=True)]
+        t0 = {p.pid: sum(p.cpu_times()[:2]) for p in procs}
+        time.sleep(2.0)
+        return {f"{p.name()}[{p.pid}]": (sum(p.cpu_times()[:2]) - t0[p.pid]) / 2.0 for p in procs}
+
+    for server in (pd_pair.prefill, pd_pair.decode):
+        cores = busy(server)
+        assert sum(cores.values()) < 0.3, f"{server.name} is busy while idle: {cores}"
+
+
+def test_a_refused_decode_leg_frees_the_prefill_blocks_at_once(pd_pair):
+    prompt = list(range(5000, 6000))
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+        pd.generate({"token_ids": prompt[:10], "sampling_params": {"max_tokens": 1}})  # the NIXL handshake is done
+        deadline = time.monotonic() + 40
+        while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        kv = pd.prefill({"token_ids": prompt, "cache_salt": _salt()})
+    assert _kv_usage(pd_pair.prefill.url) > 0, "the producer holds the prompt's blocks for the decode leg"
+    # A decode leg the decode server refuses (derender without parse_context on a parser-configured server).
+    r = httpx.post(
+        pd_pair.decode.url + GENERATE, json={"token_ids": prompt, "output_mode": "derender", "kv_transfer_params": kv}, timeout=60
+    )
+    assert r.status_code == 400
+    deadline = time.monotonic() + 5
+    while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert _kv_usage(pd_pair.prefill.url) == 0
