@@ -1,6 +1,6 @@
 """One command for the issue #5 benchmarks.
 
-    python -m bench.run [--smoke | --quick | --full] [--out bench/results/<date>] [--bind nobind]
+    python -m bench.run [--smoke | --quick | --full] [--out bench/results/<date>-<mode>] [--bind auto] [--list]
     python -m bench.run --bind-sweep [--out DIR]   # which VLLM_CPU_OMP_THREADS_BIND is fastest here
 
 Starts each system under test as a loopback subprocess, one at a time, on the
@@ -76,6 +76,7 @@ def plan(mode: str) -> dict[str, Any]:
             "blocks": {"ours": [Scenario("ours", "derender", 128, 2, 4)]},
             "time_limit_s": 30,
             "quiet_wait_s": 0,
+            "retries": 0,
             "warm": False,
             # A functional check, not a measurement: skip torch.compile (~15-25 s of start-up).
             "flags": systems.engine_flags(max_num_seqs=8, max_model_len=4096, kv_bytes=256 * 1024**2) + ["--enforce-eager"],
@@ -372,15 +373,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="regex: run only the scenarios whose id matches (e.g. 'ours-derender-.*')")
     p.add_argument("--keep-traces", action="store_true", help="also write per-chunk traces to OUT/raw-tmp/traces")
     p.add_argument("--no-report", action="store_true", help="skip results.md and plots")
+    p.add_argument("--list", action="store_true", help="print the mode's scenarios (and output tokens) and exit")
     a = p.parse_args(argv)
     mode = a.mode or "full"
     if mode == "bind-sweep":
         from bench.bindsweep import sweep
 
         return sweep(a.out)
+    pl = plan(mode)
+    if a.list:
+        total = 0
+        for block, scs in pl["blocks"].items():
+            for sc in scs:
+                n = sc.length * sc.requests
+                total += n
+                print(f"{block:7s} {sc.id:32s} {sc.requests:3d} requests, {n:7d} output tokens")
+        print(f"{sum(len(v) for v in pl['blocks'].values())} scenarios, {total} output tokens")
+        return 0
     out = a.out or systems.repo_root() / "bench" / "results" / f"{dt.date.today().isoformat()}-{mode}"
     out.mkdir(parents=True, exist_ok=True)
-    pl = plan(mode)
     runner = Runner(
         out, mode, a.bind, a.keep_traces,
         pl["quiet_wait_s"] if a.quiet_wait is None else a.quiet_wait,
@@ -388,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     runner.warm_up = pl.get("warm", True)
     runner.quiet_budget_s = pl.get("quiet_budget_s", QUIET_BUDGET_S)
+    runner.retries_left = pl.get("retries", MAX_RETRIES)
     t_start = time.monotonic()
     load_start = os.getloadavg()
     model_dir = ensure_model()
