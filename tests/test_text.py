@@ -101,6 +101,7 @@ def test_final_chunk_carries_only_held_back_text(server, tokenizer):
     assert last["token_ids"] == [IM_END] and last["text"] != ""
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_final_chunk_can_carry_only_a_finish_reason(server):
     # Aborted while queued: the engine's only output is the terminal one, with no tokens.
     body = scripted(PROMPT, [9707], request_id="text-abort", output_mode="text")
@@ -111,6 +112,7 @@ def test_final_chunk_can_carry_only_a_finish_reason(server):
     assert last["token_ids"] == [] and last["text"] == ""
 
 
+@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_abort_mid_stream_flushes_held_back_text(server, tokenizer):
     # "ab" might start the stop string "abc": it is held back, then flushed by the abort.
     script = _script(tokenizer, "xyz ab") + [1] * 2000
