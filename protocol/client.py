@@ -15,26 +15,11 @@ import httpx
 import msgspec
 
 from protocol.errors import ErrorResponse, GenerateError
-from protocol.generate import (
-    GenerateDerenderResponse,
-    GenerateDerenderStreamResponse,
-    GenerateRequest,
-    GenerateTextResponse,
-    GenerateTextStreamResponse,
-    GenerateTokensResponse,
-    GenerateTokensStreamResponse,
-    UsageChunk,
-)
+from protocol.generate import MODE_TYPES, GenerateRequest, UsageChunk
 
 GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATH = "/inference/v1/abort_requests"
 
-_BATCH = {"tokens": GenerateTokensResponse, "text": GenerateTextResponse, "derender": GenerateDerenderResponse}
-_STREAM = {
-    "tokens": GenerateTokensStreamResponse,
-    "text": GenerateTextStreamResponse,
-    "derender": GenerateDerenderStreamResponse,
-}
 _encoder = msgspec.json.Encoder()
 
 
@@ -69,7 +54,7 @@ def parse_sse_data(line: str, mode: str) -> Any | None:
         raise GenerateError(err.get("code", 500), err.get("message", ""), err.get("param"))
     if not raw.get("choices") and "usage" in raw and raw.get("usage"):
         return msgspec.convert(raw, UsageChunk)
-    return msgspec.convert(raw, _STREAM[mode])
+    return msgspec.convert(raw, MODE_TYPES[mode].chunk)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -93,7 +78,7 @@ class Client:
         r = self._http.post(GENERATE_PATH, content=_body(request, False), headers={"content-type": "application/json"})
         if r.status_code != 200:
             _raise_for(r.status_code, r.content)
-        return msgspec.json.decode(r.content, type=_BATCH[_mode(request)])
+        return msgspec.json.decode(r.content, type=MODE_TYPES[_mode(request)].response)
 
     def stream(self, request: GenerateRequest | dict[str, Any]) -> Iterator[Any]:
         mode = _mode(request)
@@ -133,7 +118,7 @@ class AsyncClient:
         )
         if r.status_code != 200:
             _raise_for(r.status_code, r.content)
-        return msgspec.json.decode(r.content, type=_BATCH[_mode(request)])
+        return msgspec.json.decode(r.content, type=MODE_TYPES[_mode(request)].response)
 
     async def stream(self, request: GenerateRequest | dict[str, Any]) -> AsyncIterator[Any]:
         mode = _mode(request)

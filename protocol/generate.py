@@ -10,7 +10,7 @@ default to None.
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -18,7 +18,6 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from protocol.chat import ChatLogProbs, ChatMessage, DeltaMessage, ParseContext
 
 OutputMode = Literal["tokens", "text", "derender"]
-OUTPUT_MODES: tuple[str, ...] = ("tokens", "text", "derender")
 
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 
@@ -208,11 +207,6 @@ class DerenderChoice(_Choice, kw_only=True):
     logprobs: ChatLogProbs | None
 
 
-class TextStreamChoice(_Choice, kw_only=True):
-    text: str
-    logprobs: ChatLogProbs | None
-
-
 class DerenderStreamChoice(_Choice, kw_only=True):
     delta: DeltaMessage
     logprobs: ChatLogProbs | None
@@ -257,18 +251,14 @@ class _StreamChunk(Struct, kw_only=True, omit_defaults=True):
     metrics: dict[str, Any] | None = None
 
 
-class TokensStreamChoice(_Choice, kw_only=True):
-    logprobs: GenerateLogProbs | None
-
-
 class GenerateTokensStreamResponse(_StreamChunk, kw_only=True):
     output_mode: str  # required, so omit_defaults never drops it
-    choices: list[TokensStreamChoice]
+    choices: list[TokensChoice]
 
 
 class GenerateTextStreamResponse(_StreamChunk, kw_only=True):
     output_mode: str  # required, so omit_defaults never drops it
-    choices: list[TextStreamChoice]
+    choices: list[TextChoice]
 
 
 class GenerateDerenderStreamResponse(_StreamChunk, kw_only=True):
@@ -284,6 +274,23 @@ class UsageChunk(Struct, kw_only=True, omit_defaults=True):
     output_mode: str
     choices: list[Any]
     metrics: dict[str, Any] | None = None
+
+
+class ModeTypes(NamedTuple):
+    """The wire classes of one output mode."""
+
+    response: type  # the batch body
+    chunk: type  # one stream chunk
+    choice: type  # a batch choice
+    stream_choice: type  # a stream chunk's choice
+
+
+# The one output_mode → classes table (server, clients, OpenAPI all read it).
+MODE_TYPES: dict[str, ModeTypes] = {
+    "tokens": ModeTypes(GenerateTokensResponse, GenerateTokensStreamResponse, TokensChoice, TokensChoice),
+    "text": ModeTypes(GenerateTextResponse, GenerateTextStreamResponse, TextChoice, TextChoice),
+    "derender": ModeTypes(GenerateDerenderResponse, GenerateDerenderStreamResponse, DerenderChoice, DerenderStreamChoice),
+}
 
 
 # ---------------------------------------------------------------- abort
@@ -302,7 +309,7 @@ __all__ = [
     "GenerateTokensStreamResponse",
     "GenerateTextStreamResponse",
     "GenerateDerenderStreamResponse",
-    "OUTPUT_MODES",
+    "MODE_TYPES",
     "ParseContext",
     "SamplingParams",
     "UsageChunk",

@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from protocol.client import _BATCH, GENERATE_PATH, _mode, _raise_for, parse_sse_data
+from protocol.client import GENERATE_PATH, _mode, _raise_for, parse_sse_data
 from protocol.errors import GenerateError
-from protocol.generate import GenerateRequest, new_request_id
+from protocol.generate import MODE_TYPES, GenerateRequest, new_request_id
 
 log = logging.getLogger("protocol.pd")
 
@@ -204,7 +204,7 @@ class PDClient:
         r = self._decode.post(GENERATE_PATH, content=content, headers=headers)
         if r.status_code != 200:
             _raise_for(r.status_code, r.content)
-        return msgspec.json.decode(r.content, type=_BATCH[_mode(request)])
+        return msgspec.json.decode(r.content, type=MODE_TYPES[_mode(request)].response)
 
     def stream_lines(self, request: GenerateRequest | Mapping[str, Any]) -> Iterator[str]:
         content, headers = self._legs(request, True)
@@ -298,7 +298,7 @@ class AsyncPDClient:
             await r.aclose()
         if r.status_code != 200:
             _raise_for(r.status_code, content)
-        return msgspec.json.decode(content, type=_BATCH[_mode(request)])
+        return msgspec.json.decode(content, type=MODE_TYPES[_mode(request)].response)
 
     async def stream_lines(self, request: GenerateRequest | Mapping[str, Any]) -> AsyncIterator[str]:
         r = await self._open(request, True)
