@@ -16,8 +16,11 @@ import os
 from pathlib import Path
 
 from bench import systems
-from bench.loadgen import run_load, summarize_load
+from bench.common import arun, ensure_model
+from bench.loadgen import run_load
 from bench.measure import CpuMeter, wait_quiet
+from bench.stats import summarize_load
+from bench.workload import Workload
 
 VARIANTS = [
     ("nobind", []),
@@ -31,9 +34,6 @@ CASES = [("tokens", 2048, 1, 1), ("tokens", 256, 32, 32)]
 
 def sweep(out: Path | None) -> int:
     from transformers import AutoTokenizer
-
-    from bench.run import arun, ensure_model
-    from bench.workload import Workload
 
     out = out or systems.repo_root() / "bench" / "results" / f"{dt.date.today().isoformat()}-bind-sweep"
     out.mkdir(parents=True, exist_ok=True)

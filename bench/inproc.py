@@ -1,31 +1,41 @@
-"""The physical limit: the same AsyncLLM, driven in-process with no HTTP.
+"""The physical limit (the "floor"): the same AsyncLLM, driven in-process with no HTTP.
 
     python -m bench.inproc --bench-workload W.json --bench-scenarios S.json --bench-out OUT.json \\
         --model DIR <the same vLLM engine flags as the servers>
+    python -m bench.inproc --bench-workload W.json --bench-serve DIR --model DIR <engine flags>
 
 Builds AsyncLLM exactly as decode-server does (vLLM's own AsyncEngineArgs CLI),
-then for each scenario runs N concurrent `generate()` calls with DELTA outputs
-and the same SamplingParams the generate bodies carry (max_tokens, skip_special_tokens=False,
-the replay script), timestamping every RequestOutput. Latencies and
-throughput are computed by the same code as the HTTP load generator
-(bench.loadgen.summarize). "Frontend" CPU here is this process (AsyncLLM's
+then for each scenario runs N concurrent `generate()` calls with the same
+SamplingParams the generate bodies carry (max_tokens, skip_special_tokens=False,
+the replay script) and DELTA outputs (a scenario with `"batch": true`: FINAL_ONLY,
+one output per request, as a non-streaming server request gets), timestamping every
+RequestOutput. Latencies and throughput are computed by the same code as for the
+HTTP load generator (bench.stats). "Frontend" CPU here is this process (AsyncLLM's
 output processing + the driver loop); the engine is its child processes.
+
+With `--bench-scenarios` it runs that list and writes the results to `--bench-out`.
+With `--bench-serve DIR` (the interleaved headline mode keeps the floor up between
+the servers' runs) it writes `DIR/ready` after warm-up, then reads one scenario
+JSON per line from stdin and writes each result to `DIR/<name>.json`; EOF ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.loadgen import LoadResult, StreamResult, summarize_load
-from bench.measure import CpuMeter, wait_quiet
+from bench.loadgen import LoadResult, StreamResult
+from bench.measure import CpuMeter, proc_cpu_s, wait_quiet
+from bench.stats import summarize_load
 from bench.workload import Workload
 
 
-async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_id: str, res: StreamResult) -> None:
+async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_id: str, res: StreamResult, batch: bool) -> None:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -33,7 +43,7 @@ async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_i
         max_tokens=length + 16,
         skip_special_tokens=False,
         extra_args={"replay_token_ids": script},
-        output_kind=RequestOutputKind.DELTA,
+        output_kind=RequestOutputKind.FINAL_ONLY if batch else RequestOutputKind.DELTA,
     )
     res.start = time.perf_counter()
     try:
@@ -59,7 +69,7 @@ async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_i
 async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
     results: list[StreamResult] = []
     issued = 0
-    conc, total, length = sc["concurrency"], sc["requests"], sc["length"]
+    conc, total, length, batch = sc["concurrency"], sc["requests"], sc["length"], bool(sc.get("batch"))
 
     async def worker(w: int) -> None:
         nonlocal issued
@@ -68,7 +78,7 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
             issued += 1
             res = StreamResult(label="tokens", start=time.perf_counter())
             results.append(res)
-            await _one(llm, wl.prompt_ids, wl.script(length, seq), length, f"{tag}-{seq}", res)
+            await _one(llm, wl.prompt_ids, wl.script(length, seq), length, f"{tag}-{seq}", res, batch)
 
     started = time.perf_counter()
     tasks = [asyncio.ensure_future(worker(w)) for w in range(conc)]
@@ -79,51 +89,83 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
     return LoadResult(results, started, time.perf_counter(), bool(pending), conc, total)
 
 
+def _cpu(me) -> tuple[float, float]:
+    return proc_cpu_s(me), sum(proc_cpu_s(p) for p in me.children(recursive=True))
+
+
+async def measure(llm, wl: Workload, sc: dict, tag: str, meter: CpuMeter, me) -> dict[str, Any]:
+    """One scenario with its CPU accounting: {scenario, summary, cpu, quiet, engine_tokens}."""
+    quiet = wait_quiet(meter, sc["quiet_wait_s"]) if sc.get("quiet_wait_s") else None
+    a_front, a_eng = _cpu(me)
+    snap_a = meter.snapshot()
+    load = await run_scenario(llm, wl, sc, tag)
+    snap_b = meter.snapshot()
+    b_front, b_eng = _cpu(me)
+    cpu = CpuMeter.delta(snap_a, snap_b)
+    # In this process the "bench" share *is* the frontend: report it as such.
+    cpu["frontend_cpu_s"] = round(b_front - a_front, 4)
+    cpu["engine_cpu_s"] = round(b_eng - a_eng, 4)
+    cpu["bench_client_cpu_s"] = 0.0
+    cpu["foreign_cpu_s"] = max(0.0, round(cpu["foreign_cpu_s"] - (b_eng - a_eng), 3))
+    cpu["foreign_cores"] = round(cpu["foreign_cpu_s"] / cpu["wall_s"], 3) if cpu["wall_s"] else None
+    summary = summarize_load(load)
+    print(f"inproc {sc['name']} L={sc['length']} c={sc['concurrency']}: {summary['output_tok_s']} tok/s", flush=True)
+    return {"scenario": sc, "summary": summary, "cpu": cpu, "quiet": quiet, "engine_tokens": summary["output_tokens"]}
+
+
+async def _warm_up(llm, wl: Workload, batch_too: bool) -> None:
+    """Warm-up, as the HTTP systems get."""
+    for batch in (False, True) if batch_too else (False,):
+        warm = {"concurrency": 2, "requests": 2, "length": min(wl.scripts), "time_limit_s": 60, "batch": batch}
+        await run_scenario(llm, wl, warm, f"warmup{int(batch)}")
+
+
+async def _run_list(llm, wl: Workload, args, meter: CpuMeter, me) -> None:
+    scenarios = json.loads(Path(args.bench_scenarios).read_text())
+    await _warm_up(llm, wl, any(sc.get("batch") for sc in scenarios))
+    out = [await measure(llm, wl, sc, f"s{i}", meter, me) for i, sc in enumerate(scenarios)]
+    Path(args.bench_out).write_text(json.dumps(out, indent=1))
+
+
+async def _serve(llm, wl: Workload, args, meter: CpuMeter, me) -> None:
+    work = Path(args.bench_serve)
+    work.mkdir(parents=True, exist_ok=True)
+    await _warm_up(llm, wl, True)
+    (work / "ready").write_text(str(os.getpid()))
+    loop = asyncio.get_running_loop()
+    i = 0
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        if not line.strip():
+            continue
+        sc = json.loads(line)
+        item = await measure(llm, wl, sc, f"s{i}", meter, me)
+        i += 1
+        tmp = work / f".{sc['name']}.json.tmp"
+        tmp.write_text(json.dumps(item))
+        tmp.rename(work / f"{sc['name']}.json")
+
+
 async def amain(args, engine_args) -> None:
+    import psutil
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
     wl = Workload.from_json(Path(args.bench_workload).read_text())
-    scenarios = json.loads(Path(args.bench_scenarios).read_text())
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
     llm = AsyncLLM.from_vllm_config(
         vllm_config, usage_context=UsageContext.OPENAI_API_SERVER, disable_log_stats=engine_args.disable_log_stats
     )
     meter = CpuMeter(None)
-    import psutil
-
-    me = psutil.Process()
-    out = []
     try:
-        # Warm-up, as the HTTP systems get.
-        warm = {"concurrency": 2, "requests": 2, "length": min(wl.scripts), "time_limit_s": 60}
-        await run_scenario(llm, wl, warm, "warmup")
-        for i, sc in enumerate(scenarios):
-            quiet = wait_quiet(meter, sc.get("quiet_wait_s", 0.0)) if sc.get("quiet_wait_s") else None
-            a_front, a_eng = _cpu(me)
-            snap_a = meter.snapshot()
-            load = await run_scenario(llm, wl, sc, f"s{i}")
-            snap_b = meter.snapshot()
-            b_front, b_eng = _cpu(me)
-            cpu = CpuMeter.delta(snap_a, snap_b)
-            # In this process the "bench" share *is* the frontend: report it as such.
-            cpu["frontend_cpu_s"] = round(b_front - a_front, 4)
-            cpu["engine_cpu_s"] = round(b_eng - a_eng, 4)
-            cpu["bench_client_cpu_s"] = 0.0
-            cpu["foreign_cpu_s"] = max(0.0, round(cpu["foreign_cpu_s"] - (b_eng - a_eng), 3))
-            cpu["foreign_cores"] = round(cpu["foreign_cpu_s"] / cpu["wall_s"], 3) if cpu["wall_s"] else None
-            summary = summarize_load(load)
-            out.append({"scenario": sc, "summary": summary, "cpu": cpu, "quiet": quiet, "engine_tokens": summary["output_tokens"]})
-            print(f"inproc {sc['name']} L={sc['length']} c={sc['concurrency']}: {summary['output_tok_s']} tok/s", flush=True)
+        if args.bench_serve:
+            await _serve(llm, wl, args, meter, psutil.Process())
+        else:
+            await _run_list(llm, wl, args, meter, psutil.Process())
     finally:
         llm.shutdown()
-    Path(args.bench_out).write_text(json.dumps(out, indent=1))
-
-
-def _cpu(me) -> tuple[float, float]:
-    from bench.measure import proc_cpu_s
-
-    return proc_cpu_s(me), sum(proc_cpu_s(p) for p in me.children(recursive=True))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,10 +174,13 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = FlexibleArgumentParser(description=__doc__)
     parser.add_argument("--bench-workload", required=True)
-    parser.add_argument("--bench-scenarios", required=True)
-    parser.add_argument("--bench-out", required=True)
+    parser.add_argument("--bench-scenarios", help="JSON list of scenarios to run (with --bench-out)")
+    parser.add_argument("--bench-out", help="where --bench-scenarios' results go")
+    parser.add_argument("--bench-serve", help="work directory: take scenarios one per stdin line (see the module doc)")
     AsyncEngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
+    if not args.bench_serve and not (args.bench_scenarios and args.bench_out):
+        parser.error("give --bench-scenarios and --bench-out, or --bench-serve DIR")
     engine_args = AsyncEngineArgs.from_cli_args(args)
     try:
         import uvloop

@@ -1,23 +1,19 @@
-"""Async httpx load generator for SSE streaming endpoints, loopback only.
+"""Async httpx load generator for the generate/chat endpoints, loopback only.
 
-`run_load()` keeps N streams in flight (a worker per stream slot), each issuing
+`run_load()` keeps N requests in flight (a worker per slot), each issuing
 requests from `make_stream(worker, seq)` until `requests` have been issued or
-`time_limit_s` runs out (then in-flight streams are cancelled and the run is
+`time_limit_s` runs out (then in-flight requests are cancelled and the run is
 marked truncated). Every SSE `data:` event is timestamped on arrival
 (`time.perf_counter()` when the bytes were read) together with the number of
-output tokens it carries, so the summaries can compute:
-
-- TTFT: request sent -> first event carrying >= 1 output token;
-- TPOT (per token, a.k.a. inter-token latency): for each later token-carrying
-  event, (gap since the previous token-carrying event) / (tokens in the event),
-  counted once per token: so p50/p90/p99 are over tokens, not requests;
-- TPOT per request: (last token time - first token time) / (tokens after the first event);
-- E2E: request sent -> stream closed ([DONE] read);
-- output tokens/s: all output tokens / wall time of the run.
+output tokens it carries; the statistics over those timestamps (TTFT, TPOT, E2E,
+tokens/s) are bench.stats.
 
 Tokens per event come from `choices[].token_ids` (generate at every level; the
 chat completions stream with `return_token_ids: true`); an event whose choice
 has content but no `token_ids` counts as one token.
+
+A request of kind "batch" (`stream: false`) is one POST whose whole JSON response is
+one "event" timestamped when it has been read: its TTFT is its E2E.
 
 A stream of kind "rfc" is the RFC's two-hop derender client: it streams
 `output_mode="tokens"` from /inference/v1/generate and POSTs each SSE chunk to
@@ -33,10 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,11 +39,14 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
+from bench.stats import summarize_load
+
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 DERENDER_CHAT_PATH = "/v1/chat/completions/derender"
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
+_JSON = {"content-type": "application/json"}
 
 
 def require_loopback(url: str) -> None:
@@ -62,6 +60,7 @@ class Stream:
     """One streamed request to issue.
 
     kind "sse": POST `body` to `path`, read the SSE response.
+    kind "batch": POST `body` (stream false) to `path`, read one JSON response.
     kind "rfc": as "sse" on /inference/v1/generate (tokens), plus one POST per chunk to
     `derender_path` (on `derender_url`, default the same server) with `derender_ctx`
     (model, prompt_token_ids, prompt_tokens, chat_request).
@@ -153,9 +152,7 @@ async def _sse_payloads(response: httpx.Response):
 
 
 async def _run_sse(client: httpx.AsyncClient, spec: Stream, res: StreamResult) -> None:
-    async with client.stream(
-        "POST", spec.path, content=_enc.encode(spec.body), headers={"content-type": "application/json"}
-    ) as r:
+    async with client.stream("POST", spec.path, content=_enc.encode(spec.body), headers=_JSON) as r:
         res.status = r.status_code
         if r.status_code != 200:
             res.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
@@ -177,58 +174,83 @@ async def _run_sse(client: httpx.AsyncClient, spec: Stream, res: StreamResult) -
     res.end = time.perf_counter()
 
 
-async def _run_rfc(client: httpx.AsyncClient, spec: Stream, res: StreamResult) -> None:
+async def _run_batch(client: httpx.AsyncClient, spec: Stream, res: StreamResult) -> None:
+    """A non-streaming request: the whole response is one event, timestamped when read."""
+    r = await client.post(spec.path, content=_enc.encode(spec.body), headers=_JSON)
+    now = time.perf_counter()
+    res.status = r.status_code
+    if r.status_code != 200:
+        res.error = f"HTTP {r.status_code}: {r.content[:300]!r}"
+        return
+    obj = _dec.decode(r.content)
+    res.events += 1
+    if "error" in obj and not obj.get("choices"):
+        res.error = f"error response: {str(obj['error'])[:300]}"
+        return
+    n, finish = event_tokens(obj)
+    if n:
+        res.times.append(now)
+        res.ntoks.append(n)
+    res.finish_reason = finish
+    res.end = now
+
+
+async def _read_generate(client: httpx.AsyncClient, spec: Stream, res: StreamResult, queue: asyncio.Queue) -> None:
+    """rfc: read the generate stream into `queue` (None at the end), never waiting on derender."""
+    try:
+        async with client.stream("POST", spec.path, content=_enc.encode(spec.body), headers=_JSON) as r:
+            res.status = r.status_code
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+                return
+            async for _now, payload in _sse_payloads(r):
+                if payload is None:
+                    break
+                queue.put_nowait(payload)
+    finally:
+        queue.put_nowait(None)
+
+
+async def _derender_chunks(client: httpx.AsyncClient, spec: Stream, res: StreamResult, queue: asyncio.Queue, target: str) -> None:
+    """rfc: one /derender POST per generate chunk, in order, each with the previous stream_state."""
     ctx = spec.derender_ctx or {}
-    derender_target = spec.derender_path
+    state = None
+    while True:
+        payload = await queue.get()
+        if payload is None:
+            return
+        chunk = _dec.decode(payload)
+        if "error" in chunk and not chunk.get("choices"):
+            res.error = f"error event: {str(chunk['error'])[:300]}"
+            return
+        body = {"stream": True, **ctx, "generate_chunk": chunk, "stream_state": state}
+        r = await client.post(target, content=_enc.encode(body), headers=_JSON)
+        now = time.perf_counter()
+        res.extra_calls += 1
+        if r.status_code != 200:
+            res.error = f"derender HTTP {r.status_code}: {r.content[:300]!r}"
+            return
+        out = _dec.decode(r.content)
+        state = out["stream_state"]
+        res.events += 1
+        n, _ = event_tokens(chunk)
+        _, finish = event_tokens(out["chunk"])
+        if n:
+            res.times.append(now)
+            res.ntoks.append(n)
+        if finish:
+            res.finish_reason = finish
+
+
+async def _run_rfc(client: httpx.AsyncClient, spec: Stream, res: StreamResult) -> None:
+    target = spec.derender_path
     if spec.derender_url:
         require_loopback(spec.derender_url)
-        derender_target = spec.derender_url.rstrip("/") + spec.derender_path
+        target = spec.derender_url.rstrip("/") + spec.derender_path
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    async def read_generate() -> None:
-        try:
-            async with client.stream(
-                "POST", spec.path, content=_enc.encode(spec.body), headers={"content-type": "application/json"}
-            ) as r:
-                res.status = r.status_code
-                if r.status_code != 200:
-                    res.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-                    return
-                async for _now, payload in _sse_payloads(r):
-                    if payload is None:
-                        break
-                    queue.put_nowait(payload)
-        finally:
-            queue.put_nowait(None)
-
-    reader = asyncio.ensure_future(read_generate())
-    state = None
+    reader = asyncio.ensure_future(_read_generate(client, spec, res, queue))
     try:
-        while True:
-            payload = await queue.get()
-            if payload is None:
-                break
-            chunk = _dec.decode(payload)
-            if "error" in chunk and not chunk.get("choices"):
-                res.error = f"error event: {str(chunk['error'])[:300]}"
-                break
-            body = {"stream": True, **ctx, "generate_chunk": chunk, "stream_state": state}
-            r = await client.post(derender_target, content=_enc.encode(body), headers={"content-type": "application/json"})
-            now = time.perf_counter()
-            res.extra_calls += 1
-            if r.status_code != 200:
-                res.error = f"derender HTTP {r.status_code}: {r.content[:300]!r}"
-                break
-            out = _dec.decode(r.content)
-            state = out["stream_state"]
-            res.events += 1
-            n, _ = event_tokens(chunk)
-            _, finish = event_tokens(out["chunk"])
-            if n:
-                res.times.append(now)
-                res.ntoks.append(n)
-            if finish:
-                res.finish_reason = finish
+        await _derender_chunks(client, spec, res, queue, target)
         if res.error is None:
             await reader  # the generate stream's own errors land in res.error
         if res.error is None:
@@ -250,6 +272,8 @@ async def run_one(client: httpx.AsyncClient, spec: Stream, res: StreamResult | N
     try:
         if spec.kind == "rfc":
             await _run_rfc(client, spec, res)
+        elif spec.kind == "batch":
+            await _run_batch(client, spec, res)
         else:
             await _run_sse(client, spec, res)
     except asyncio.CancelledError:
@@ -297,125 +321,22 @@ async def run_load(
     return LoadResult(results, started, finished, truncated, concurrency, requests)
 
 
-# ------------------------------------------------------------------ statistics
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100) of already sorted values."""
-    if not sorted_values:
-        return None
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
-
-
-def dist_ms(values_s: Sequence[float]) -> dict[str, float | None]:
-    v = sorted(x * 1000.0 for x in values_s)
-    return {
-        "p50": _r(percentile(v, 50)),
-        "p90": _r(percentile(v, 90)),
-        "p99": _r(percentile(v, 99)),
-        "mean": _r(sum(v) / len(v)) if v else None,
-        "n": len(v),
-    }
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
-
-
-def summarize(results: Sequence[StreamResult], wall_s: float) -> dict[str, Any]:
-    """Latency/throughput summary of a set of stream results (all one label, or a mix)."""
-    ttft, e2e, tpot_req, per_token = [], [], [], []
-    tokens = events = 0
-    for r in results:
-        tokens += r.tokens
-        events += len(r.ntoks)
-        if r.times:
-            ttft.append(r.times[0] - r.start)
-            for i in range(1, len(r.times)):
-                gap = (r.times[i] - r.times[i - 1]) / r.ntoks[i]
-                per_token.extend([gap] * r.ntoks[i])
-            after_first = r.tokens - r.ntoks[0]
-            if after_first > 0 and r.completed:
-                tpot_req.append((r.times[-1] - r.times[0]) / after_first)
-        if r.completed:
-            e2e.append(r.end - r.start)
-    errors = [r.error for r in results if r.error]
-    return {
-        "requests": len(results),
-        "completed": sum(r.completed for r in results),
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "output_tokens": tokens,
-        "token_events": events,
-        "tokens_per_event": round(tokens / events, 3) if events else None,
-        "extra_calls": sum(r.extra_calls for r in results),
-        "wall_s": round(wall_s, 3),
-        "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
-        "ttft_ms": dist_ms(ttft),
-        "tpot_ms": dist_ms(per_token),
-        "tpot_req_ms": dist_ms(tpot_req),
-        "e2e_ms": dist_ms(e2e),
-        "finish_reasons": _count(r.finish_reason for r in results),
-    }
-
-
-def _count(items) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in items:
-        out[str(x)] = out.get(str(x), 0) + 1
-    return out
-
-
-def summarize_load(load: LoadResult) -> dict[str, Any]:
-    """Summary over all streams plus one per label (for mixed traffic)."""
-    out = summarize(load.results, load.wall_s)
-    out["truncated"] = load.truncated
-    out["concurrency"] = load.concurrency
-    labels = sorted({r.label for r in load.results})
-    if len(labels) > 1:
-        out["by_label"] = {
-            lb: summarize([r for r in load.results if r.label == lb], load.wall_s) for lb in labels
-        }
-    return out
-
-
-def raw_trace(load: LoadResult) -> list[dict[str, Any]]:
-    """Per-request timestamps relative to the run start (for debugging; can be large)."""
-    t0 = load.started
-    return [
-        {
-            "label": r.label,
-            "start": round(r.start - t0, 6),
-            "end": None if r.end is None else round(r.end - t0, 6),
-            "times": [round(t - t0, 6) for t in r.times],
-            "ntoks": r.ntoks,
-            "error": r.error,
-            "finish_reason": r.finish_reason,
-        }
-        for r in load.results
-    ]
-
-
 # ------------------------------------------------------------------ CLI
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Stream one request body N-concurrently and print the summary JSON.")
+    p = argparse.ArgumentParser(description="Send one request body N-concurrently (streamed, or --batch) and print the summary JSON.")
     p.add_argument("url", help="base URL, loopback only (e.g. http://127.0.0.1:8000)")
     p.add_argument("--path", default="/inference/v1/generate")
-    p.add_argument("--body", required=True, help="JSON file with the request body (stream is forced on)")
+    p.add_argument("--body", required=True, help="JSON file with the request body (stream is forced on, or off with --batch)")
+    p.add_argument("--batch", action="store_true", help="non-streaming requests (stream: false), one JSON response each")
     p.add_argument("--concurrency", "-c", type=int, default=1)
     p.add_argument("--requests", "-n", type=int, default=None, help="default: = concurrency")
     p.add_argument("--time-limit", type=float, default=120.0)
     a = p.parse_args(argv)
     with open(a.body) as f:
-        body = {**json.load(f), "stream": True}
-    spec = Stream("request", a.path, body)
+        body = {**json.load(f), "stream": not a.batch}
+    spec = Stream("request", a.path, body, kind="batch" if a.batch else "sse")
     load = asyncio.run(
         run_load(a.url, lambda w, i: spec, concurrency=a.concurrency, requests=a.requests or a.concurrency, time_limit_s=a.time_limit)
     )

@@ -115,3 +115,23 @@ def generation_tokens_total(base_url: str) -> float | None:
         return None
     values = [float(m) for m in _GEN_TOKENS.findall(r.text)]
     return sum(values) if values else None
+
+
+def tree_rss_gib(pid: int) -> float | None:
+    """Resident memory of a process and all its children (GiB; shared pages counted per process)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return round(total / 1024**3, 2)
+
+
+def available_gib() -> float:
+    return round(psutil.virtual_memory().available / 1024**3, 2)

@@ -22,8 +22,11 @@ import time
 from pathlib import Path
 
 from bench import systems
-from bench.loadgen import run_load, summarize_load
+from bench.common import arun, ensure_model
+from bench.loadgen import run_load
 from bench.measure import CpuMeter
+from bench.stats import summarize_load
+from bench.workload import Workload
 
 
 def _frame_key(frame: str) -> str:
@@ -96,11 +99,64 @@ def summarize_collapsed(path: Path, top: int = 25) -> tuple[list, list, int]:
     return self_t.most_common(top), incl.most_common(top), total
 
 
+def _markdown(a: argparse.Namespace, level: str, collapsed: Path, summary: dict, cpu: dict) -> list[str]:
+    self_top, incl_top, total = summarize_collapsed(collapsed)
+    cats, loop_self = categorize(collapsed)
+    ms_tok = cpu["frontend_cpu_s"] * 1000 / max(1, summary["output_tokens"])
+    return [
+        f"# Frontend profile: {a.system}, level={level}, L={a.length}, c={a.concurrency}",
+        "",
+        f"- {summary['output_tokens']} tokens in {summary['wall_s']} s; frontend CPU {cpu['frontend_cpu_s']} s "
+        f"= {ms_tok:.4f} ms/token; {total} py-spy samples at {a.rate} Hz (idle samples excluded by py-spy)",
+        "",
+        "## Where the time goes (share of samples whose stack contains ...)",
+        "",
+        "| % | |",
+        "|---|---|",
+        f"| {loop_self:.1f} | event loop itself (uvloop `run`: epoll, callbacks, native I/O; self time) |",
+        *[f"| {pct:.1f} | {name} |" for name, pct in cats],
+        "",
+        "## Top functions by self time",
+        "",
+        "| % of samples | function |",
+        "|---|---|",
+        *[f"| {100 * n / max(1, total):.1f} | `{f}` |" for f, n in self_top],
+        "",
+        "## decode_server / protocol frames by inclusive time",
+        "",
+        "| % of samples | function |",
+        "|---|---|",
+        *[f"| {100 * n / max(1, total):.1f} | `{f}` |" for f, n in incl_top],
+        "",
+    ]
+
+
+def profile_level(a: argparse.Namespace, server: systems.Server, wl: Workload, level: str, pyspy: str, out: Path) -> None:
+    """Load one level while py-spy samples the API-server process; write profile-<system>-<level>.md."""
+    tmp = out / "raw-tmp"
+    collapsed = tmp / f"profile-{a.system}-{level}.txt"
+    spy = subprocess.Popen(
+        [pyspy, "record", "--pid", str(server.pid), "--nonblocking", "--rate", str(a.rate), "--format", "raw", "-o", str(collapsed)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    time.sleep(1.0)
+    meter = CpuMeter(server.pid)
+    s0 = meter.snapshot()
+    load = arun(
+        run_load(server.url, lambda w, i: wl.stream(level, a.length, i), concurrency=a.concurrency, requests=a.requests or a.concurrency, time_limit_s=300)
+    )
+    cpu = CpuMeter.delta(s0, meter.snapshot())
+    spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+    spy.wait(60)
+    summary = summarize_load(load)
+    _render_svg(collapsed, tmp / f"profile-{a.system}-{level}.svg")
+    lines = _markdown(a, level, collapsed, summary, cpu)
+    (out / f"profile-{a.system}-{level}.md").write_text("\n".join(lines))
+    print("\n".join(lines[:3]), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
-
-    from bench.run import arun, ensure_model
-    from bench.workload import Workload
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--system", choices=("ours", "vllm"), default="ours", help="whose API-server process to sample")
@@ -127,54 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         arun(run_load(server.url, lambda w, i: wl.stream("tokens", 256, i), concurrency=2, requests=4, time_limit_s=120))
         for level in a.levels.split(","):
-            collapsed = tmp / f"profile-{a.system}-{level}.txt"
-            svg = tmp / f"profile-{a.system}-{level}.svg"
-            spy = subprocess.Popen(
-                [pyspy, "record", "--pid", str(server.pid), "--nonblocking", "--rate", str(a.rate), "--format", "raw", "-o", str(collapsed)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            )  # fmt: skip
-            time.sleep(1.0)
-            meter = CpuMeter(server.pid)
-            s0 = meter.snapshot()
-            load = arun(
-                run_load(server.url, lambda w, i: wl.stream(level, a.length, i), concurrency=a.concurrency, requests=a.requests or a.concurrency, time_limit_s=300)
-            )
-            cpu = CpuMeter.delta(s0, meter.snapshot())
-            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
-            spy.wait(60)
-            summary = summarize_load(load)
-            _render_svg(collapsed, svg)
-            self_top, incl_top, total = summarize_collapsed(collapsed)
-            cats, loop_self = categorize(collapsed)
-            ms_tok = cpu["frontend_cpu_s"] * 1000 / max(1, summary["output_tokens"])
-            lines = [
-                f"# Frontend profile: {a.system}, level={level}, L={a.length}, c={a.concurrency}",
-                "",
-                f"- {summary['output_tokens']} tokens in {summary['wall_s']} s; frontend CPU {cpu['frontend_cpu_s']} s "
-                f"= {ms_tok:.4f} ms/token; {total} py-spy samples at {a.rate} Hz (idle samples excluded by py-spy)",
-                "",
-                "## Where the time goes (share of samples whose stack contains ...)",
-                "",
-                "| % | |",
-                "|---|---|",
-                f"| {loop_self:.1f} | event loop itself (uvloop `run`: epoll, callbacks, native I/O; self time) |",
-                *[f"| {pct:.1f} | {name} |" for name, pct in cats],
-                "",
-                "## Top functions by self time",
-                "",
-                "| % of samples | function |",
-                "|---|---|",
-                *[f"| {100 * n / max(1, total):.1f} | `{f}` |" for f, n in self_top],
-                "",
-                "## decode_server / protocol frames by inclusive time",
-                "",
-                "| % of samples | function |",
-                "|---|---|",
-                *[f"| {100 * n / max(1, total):.1f} | `{f}` |" for f, n in incl_top],
-                "",
-            ]
-            (out / f"profile-{a.system}-{level}.md").write_text("\n".join(lines))
-            print("\n".join(lines[:3]), flush=True)
+            profile_level(a, server, wl, level, pyspy, out)
     finally:
         server.stop()
     return 0

@@ -4,11 +4,13 @@
 - vllm: `python -m vllm.entrypoints.openai.api_server --model DIR --enable-scale-out ...`
   with the same parser flags (it serves generate, coupled chat, /render and /derender);
   a second instance ("vllm-derender") serves only /derender for the split RFC baseline;
-- inproc: `python -m bench.inproc` (AsyncLLM in-process, no HTTP), same engine flags.
+- inproc: `python -m bench.inproc` (AsyncLLM in-process, no HTTP), same engine flags; run once
+  over a scenario list, or kept up as an `InprocWorker` that takes one scenario at a time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -116,25 +118,34 @@ class Server:
     def stop(self, timeout_s: float = 60) -> None:
         if self.proc is None:
             return
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            children = []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_tree(self.proc, timeout_s)
         self._log.close()
-        # Engine children of a killed server must not linger on a 2-core machine (ours, by pid).
-        _, alive = psutil.wait_procs(children, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_tree(proc: subprocess.Popen, timeout_s: float = 60, children: list[psutil.Process] | None = None) -> None:
+    """SIGTERM (then SIGKILL) a process we started, then kill its leftover children (by pid)."""
+    children = _children(proc.pid) if children is None else children
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    # Engine children of a killed server must not linger on a 2-core machine (ours, by pid).
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def ours(model_dir: Path, log_dir: Path, bind: str, flags: list[str]) -> Server:
@@ -159,3 +170,79 @@ def inproc_argv(model_dir: Path, flags: list[str], workload: Path, scenarios: Pa
         "--bench-workload", str(workload), "--bench-scenarios", str(scenarios), "--bench-out", str(out),
         "--model", str(model_dir), *flags,
     ]  # fmt: skip
+
+
+class InprocWorker:
+    """`bench.inproc --bench-serve`: the in-process floor, kept up between scenarios (interleaved mode).
+
+    Scenarios go to its stdin one JSON line each; each result comes back as WORK/<name>.json.
+    """
+
+    def __init__(self, model_dir: Path, log_dir: Path, bind: str, flags: list[str], workload: Path, work: Path):
+        self.name = "inproc"
+        self.work = work
+        self.argv = [
+            sys.executable, "-m", "bench.inproc", "--bench-workload", str(workload), "--bench-serve", str(work),
+            "--model", str(model_dir), *flags,
+        ]  # fmt: skip
+        self.log_path = log_dir / "inproc.log"
+        self.env = child_env(bind)
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def start(self, timeout_s: float = 420) -> InprocWorker:
+        self.work.mkdir(parents=True, exist_ok=True)
+        (self.work / "ready").unlink(missing_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=repo_root()
+        )
+        self._wait_for(self.work / "ready", timeout_s, "warm-up")
+        self.startup_s = round(time.monotonic() - t0, 1)
+        return self
+
+    def _wait_for(self, path: Path, timeout_s: float, what: str) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"inproc exited with {self.proc.returncode} during {what}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"inproc: no {what} result in {timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def run(self, scenario: dict, timeout_s: float) -> dict:
+        """Run one scenario (a dict with name, length, concurrency, requests, batch, time_limit_s, ...)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        result = self.work / f"{scenario['name']}.json"
+        result.unlink(missing_ok=True)
+        self.proc.stdin.write((json.dumps(scenario) + "\n").encode())
+        self.proc.stdin.flush()
+        self._wait_for(result, timeout_s, scenario["name"])
+        return json.loads(result.read_text())
+
+    def stop(self, timeout_s: float = 60) -> None:
+        if self.proc is None:
+            return
+        children = _children(self.proc.pid)
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()  # EOF: the worker shuts AsyncLLM down and exits
+            self.proc.wait(timeout_s)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+        stop_tree(self.proc, 10, children)
+        self._log.close()

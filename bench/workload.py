@@ -137,8 +137,8 @@ class Workload:
 
     # --------------------------------------------------------------- bodies
 
-    def generate_body(self, level: str, length: int, seq: int, *, logprobs: int | None = None) -> dict[str, Any]:
-        """A streamed /inference/v1/generate request; level: tokens | text | derender."""
+    def generate_body(self, level: str, length: int, seq: int, *, logprobs: int | None = None, stream: bool = True) -> dict[str, Any]:
+        """A /inference/v1/generate request (streamed unless `stream` is false); level: tokens | text | derender."""
         sp: dict[str, Any] = {
             "max_tokens": length + 16,
             "skip_special_tokens": False,  # what /render sends for a chat with tools and a reasoning parser
@@ -149,7 +149,7 @@ class Workload:
         body: dict[str, Any] = {
             "model": MODEL,
             "token_ids": self.prompt_ids,
-            "stream": True,
+            "stream": stream,
             "output_mode": level,
             "sampling_params": sp,
         }
@@ -167,9 +167,15 @@ class Workload:
             "vllm_xargs": {"replay_token_ids": self.script(length, seq)},
         }
 
-    def stream(self, scenario: str, length: int, seq: int, label: str | None = None, derender_url: str | None = None) -> Stream:
-        """The Stream for one request of a scenario level."""
+    def stream(
+        self, scenario: str, length: int, seq: int, label: str | None = None, derender_url: str | None = None, batch: bool = False
+    ) -> Stream:
+        """The Stream for one request of a scenario level (`batch`: stream false, generate levels only)."""
         label = label or scenario
+        if batch:
+            if scenario not in ("tokens", "text", "derender"):
+                raise ValueError(f"no batch form of {scenario!r}")
+            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq, stream=False), kind="batch")
         if scenario in ("tokens", "text", "derender"):
             return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq))
         if scenario == "text_lp20":

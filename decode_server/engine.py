@@ -21,6 +21,8 @@ from vllm.sampling_params import SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from decode_server.config import STATS_LOG_INTERVAL_S
+
 log = logging.getLogger("decode_server.engine")
 
 
@@ -33,13 +35,11 @@ class EngineLimits:
     max_num_seqs: int
     max_logprobs: int
     has_tokenizer: bool
-    default_max_tokens: int | None
 
 
 class Engine:
     def __init__(self, llm: AsyncLLM, tokens_only: bool):
         self.llm = llm
-        self.tokens_only = tokens_only
         model_config = llm.model_config
         self.tokenizer = None if tokens_only else llm.tokenizer
         generation_defaults = model_config.get_diff_sampling_param()
@@ -49,7 +49,6 @@ class Engine:
             max_num_seqs=llm.vllm_config.scheduler_config.max_num_seqs,
             max_logprobs=model_config.max_logprobs,
             has_tokenizer=self.tokenizer is not None,
-            default_max_tokens=generation_defaults.get("max_tokens"),
         )
         self.generation_defaults = generation_defaults
         self._live: dict[str, set[str]] = {}
@@ -71,7 +70,7 @@ class Engine:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start_stats_logging(self, interval_s: float = 10.0) -> None:
+    def start_stats_logging(self, interval_s: float = STATS_LOG_INTERVAL_S) -> None:
         """vLLM's own stat loggers flush on `do_log_stats`; vLLM's server calls it periodically."""
 
         async def loop() -> None:
@@ -97,9 +96,6 @@ class Engine:
     def live_request_count(self) -> int:
         """Caller requests the server still holds state for (should drop to 0 when idle)."""
         return len(self._live)
-
-    def unfinished_engine_requests(self) -> int:
-        return self.llm.get_num_unfinished_requests()
 
     async def generate(
         self,
@@ -145,3 +141,16 @@ class Engine:
 
     async def abort_all(self) -> list[str]:
         return await self.abort(list(self._live))
+
+    async def release_remote_prefill(self, caller_id: str, kv_transfer_params: dict[str, Any] | None) -> None:
+        """A decode leg refused before the engine admitted it: have the KV connector tell the
+        prefill instance to free the blocks it holds for this request now, not when its lease
+        runs out (as vLLM's own OpenAI routes do)."""
+        if not kv_transfer_params or not kv_transfer_params.get("do_remote_prefill"):
+            return
+        if self.llm.vllm_config.kv_transfer_config is None or self.is_dead:
+            return
+        try:
+            await self.llm.notify_kv_transfer_request_rejected(caller_id, kv_transfer_params)
+        except Exception:
+            log.warning("could not release the remote prefill blocks of rejected request %s", caller_id, exc_info=True)

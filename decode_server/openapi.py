@@ -8,13 +8,7 @@ from typing import Any
 import msgspec
 
 from protocol.errors import ErrorResponse
-from protocol.generate import (
-    AbortRequest,
-    GenerateDerenderResponse,
-    GenerateRequest,
-    GenerateTextResponse,
-    GenerateTokensResponse,
-)
+from protocol.generate import MODE_TYPES, AbortRequest, GenerateRequest
 
 
 def _json(ref: dict[str, Any]) -> dict[str, Any]:
@@ -23,9 +17,10 @@ def _json(ref: dict[str, Any]) -> dict[str, Any]:
 
 @cache
 def openapi_document(version: str) -> dict[str, Any]:
-    types = [GenerateRequest, GenerateTokensResponse, GenerateTextResponse, GenerateDerenderResponse, ErrorResponse, AbortRequest]
+    responses = [t.response for t in MODE_TYPES.values()]
+    types = [GenerateRequest, ErrorResponse, AbortRequest, *responses]
     refs, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
-    req, tokens, text, derender, error, abort = refs
+    req, error, abort, *response_refs = refs
     errors = {str(code): {"description": desc, "content": _json(error)} for code, desc in [
         (400, "Invalid request (the message names the cause)"),
         (401, "Missing or wrong API key"),
@@ -46,7 +41,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "200": {
                             "description": "Batch response, or an SSE stream when `stream` is true",
                             "content": {
-                                **_json({"oneOf": [tokens, text, derender]}),
+                                **_json({"oneOf": response_refs}),
                                 "text/event-stream": {"schema": {"type": "string"}},
                             },
                         },

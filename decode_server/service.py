@@ -1,44 +1,45 @@
-"""One generate request end to end, transport-free: validate, start the engine, stack the stages."""
+"""One generate request end to end, transport-free: validate, start the engine, stack the stages.
+
+`prepare()` returns a `Generation`, which knows whether it streams: `chunks()` for a stream,
+`response()` for a batch body. The output mode decides how many stages are stacked.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.exceptions import VLLMClientError
-
+from decode_server.config import ServerConfig
 from decode_server.engine import Engine
+from decode_server.errors import Rejected
 from decode_server.fingerprint import HEADER as FINGERPRINT_HEADER
 from decode_server.fingerprint import parser_fingerprint
-from decode_server.pipeline.derender import DerenderConfig, Derenderer, derender_batch, derender_stream
-from decode_server.pipeline.text import with_integer_logprobs, with_text_logprobs
-from decode_server.pipeline.tokens import Step, token_steps
-from decode_server.respond import ResponseContext, StreamStats, fold_response, stream_chunks
-from decode_server.validate import Rejected, build_sampling_params
+from decode_server.pipeline.derender import derender_batch, derender_stream
+from decode_server.pipeline.derender_plan import DerenderPlan, Derenderer
+from decode_server.pipeline.logprobs import with_integer_logprobs, with_text_logprobs
+from decode_server.pipeline.steps import Step
+from decode_server.pipeline.tokens import token_steps
+from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
+from decode_server.validate import build_sampling_params
 from protocol.generate import GenerateRequest
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    served_model_names: tuple[str, ...]
-    tokens_only: bool = False
-    derender: DerenderConfig = field(default_factory=DerenderConfig)
 
 
 class Generation:
     """A validated request whose engine generator has not started yet."""
 
-    def __init__(self, ctx: ResponseContext, steps: AsyncIterator[Step]):
+    def __init__(self, ctx: WireContext, steps: AsyncIterator[Step], stream: bool):
         self.ctx = ctx
-        self.stats = StreamStats()
+        self.stream = stream
+        self.stats = RequestStats()
         self._steps = steps
 
     def chunks(self) -> AsyncIterator[Any]:
+        assert self.stream, "a batch request has one response, not chunks"
         return stream_chunks(self.ctx, self._steps, self.stats)
 
     async def response(self) -> Any:
-        return await fold_response(self.ctx, self._steps, self.stats)
+        assert not self.stream, "a stream request has chunks, not one response"
+        return await batch_response(self.ctx, self._steps, self.stats)
 
 
 class GenerateService:
@@ -74,17 +75,15 @@ class GenerateService:
         sp = build_sampling_params(
             req, engine.limits, tokens_only=self.config.tokens_only, generation_defaults=engine.generation_defaults
         )
-        derender_plan = (
-            self.derenderer.plan(req.parse_context, req.chat_request) if req.output_mode == "derender" else None
-        )
+        plan = self.derenderer.plan(req.parse_context, req.chat_request) if req.output_mode == "derender" else None
+        stream = bool(req.stream)
         opts = req.stream_options
-        ctx = ResponseContext(
+        ctx = WireContext(
             request_id=req.request_id,
             model=self.config.served_model_names[0],
             output_mode=req.output_mode,
-            n=sp.n,
-            include_usage=bool(opts and opts.include_usage),
-            continuous_usage=bool(opts and opts.include_usage and opts.continuous_usage_stats),
+            include_usage=bool(stream and opts and opts.include_usage),
+            continuous_usage=bool(stream and opts and opts.include_usage and opts.continuous_usage_stats),
             return_token_ids=bool(req.return_token_ids),
         )
         outputs = engine.generate(
@@ -100,22 +99,22 @@ class GenerateService:
                 else None
             ),
         )
-        steps = token_steps(outputs, keep_text_only=req.output_mode != "tokens")
-        if req.output_mode == "tokens":
-            steps = with_integer_logprobs(steps, sp.logprobs)
-        else:
-            steps = with_text_logprobs(steps, sp.logprobs, engine.tokenizer)
-        if derender_plan is not None:
-            if req.stream:
-                steps = derender_stream(steps, derender_plan, req.token_ids, n=sp.n)
+        steps = self._stages(token_steps(outputs, keep_text_only=req.output_mode != "tokens"), req, sp.logprobs, plan)
+        return Generation(ctx, steps, stream)
+
+    def _stages(
+        self, steps: AsyncIterator[Step], req: GenerateRequest, num_top: int | None, plan: DerenderPlan | None
+    ) -> AsyncIterator[Step]:
+        """Stack only the stages this request needs, in the pipeline's order."""
+        if num_top is not None:
+            if req.output_mode == "tokens":
+                steps = with_integer_logprobs(steps, num_top)
             else:
-                steps = derender_batch(steps, derender_plan, n=sp.n)
-        return Generation(ctx, steps)
+                steps = with_text_logprobs(steps, num_top, self.engine.tokenizer)
+        if plan is not None:
+            steps = derender_stream(steps, plan, req.token_ids) if req.stream else derender_batch(steps, plan)
+        return steps
 
-
-def client_error_from_engine(e: BaseException) -> Rejected | None:
-    """vLLM's own request validation (raised when the engine admits the request) is the caller's fault."""
-    if isinstance(e, VLLMClientError):
-        param = getattr(e, "parameter", None)
-        return Rejected(str(e), param=param, reason="engine_validation")
-    return None
+    async def release_remote_prefill(self, req: GenerateRequest | None) -> None:
+        if req is not None and isinstance(req.request_id, str):
+            await self.engine.release_remote_prefill(req.request_id, req.kv_transfer_params)

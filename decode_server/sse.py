@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from sse_starlette.sse import EventSourceResponse
 
+from decode_server.errors import describe
 from protocol.errors import error_body
 
 log = logging.getLogger("decode_server.sse")
@@ -21,26 +22,22 @@ def frame(obj: Any) -> bytes:
     return b"data: " + _encoder.encode(obj) + b"\n\n"
 
 
-async def _framed(
-    first: Any, rest: AsyncIterator[Any], describe_error: Callable[[BaseException], tuple[int, str]]
-) -> AsyncIterator[bytes]:
+async def _framed(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     try:
         if first is not None:
             yield frame(first)
         async for chunk in rest:
             yield frame(chunk)
     except Exception as e:  # an error after the 200 went out can only travel as an event
-        status, message = describe_error(e)
-        log.warning("stream ended with an error event (%d): %s", status, message)
-        yield frame(error_body(status, message))
+        error = describe(e)
+        log.warning("stream ended with an error event (%d): %s", error.status, error.message)
+        yield frame(error_body(error.status, error.message, error.param, error.error_type))
     yield DONE
 
 
 def sse_response(
-    first: Any,
-    rest: AsyncIterator[Any],
-    describe_error: Callable[[BaseException], tuple[int, str]],
-    headers: dict[str, str] | None = None,
+    first: Any, rest: AsyncIterator[Any], headers: dict[str, str] | None = None, keep_alive_s: float = 0
 ) -> EventSourceResponse:
-    # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF).
-    return EventSourceResponse(_framed(first, rest, describe_error), sep="\n", headers=headers, ping=15)
+    # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF); ping=0 sends no
+    # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval).
+    return EventSourceResponse(_framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s)

@@ -1,6 +1,6 @@
 """Every fail-loud rule for a generate request, one function each, named after what it forbids.
 
-Each raises `Rejected` with the status and a message that names the cause. The
+Each raises `errors.Rejected` with the status and a message that names the cause. The
 order matters only in that cheap structural rules run before vLLM's own
 SamplingParams validation, whose message is surfaced unchanged.
 """
@@ -14,17 +14,8 @@ from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from decode_server.engine import EngineLimits
+from decode_server.errors import Rejected
 from protocol.generate import GenerateRequest
-
-
-class Rejected(Exception):
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None, reason: str = "invalid"):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        # A short, bounded label for metrics (never the message itself).
-        self.reason = reason
 
 
 def forbid_multimodal_input(req: GenerateRequest) -> None:
@@ -175,8 +166,9 @@ def build_sampling_params(
     forbid_params_the_engine_cannot_carry(sp, req)
     if tokens_only:
         sp.detokenize = False
-    # Every level streams deltas internally; batch folds them (one code path).
-    sp.output_kind = RequestOutputKind.DELTA
+    # Streams get each engine step's delta; batch gets one final output per request
+    # (as vLLM's generate), fed through the same stages.
+    sp.output_kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
     extra = dict(sp.extra_args or {})
     if req.kv_transfer_params is not None:
         extra["kv_transfer_params"] = req.kv_transfer_params

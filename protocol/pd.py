@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from protocol.client import GENERATE_PATH, _mode, _raise_for, parse_sse_data
+from protocol.client import GENERATE_PATH, _mode, _raise_for, aiter_chunks, error_from_response, iter_chunks
 from protocol.errors import GenerateError
 from protocol.generate import MODE_TYPES, GenerateRequest, new_request_id
 
@@ -132,16 +132,16 @@ def _leg_headers(
     return headers
 
 
-def _kv_params_from(status: int, content: bytes) -> dict[str, Any] | None:
+def _kv_params_from(status: int, content: bytes, headers: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     if status != 200:
-        try:
-            _raise_for(status, content)
-        except GenerateError as e:
-            raise PrefillLegError(e.status, f"prefill leg failed: {e.message}", e.param) from None
+        e = error_from_response(status, content, headers)
+        raise PrefillLegError(e.status, f"prefill leg failed: {e.message}", e.param, headers=e.headers, body=e.body)
     try:
         answer = msgspec.json.decode(content)
     except msgspec.DecodeError as e:
-        raise PrefillLegError(502, f"prefill leg answered with invalid JSON: {e}") from None
+        raise PrefillLegError(
+            502, f"prefill leg answered with invalid JSON: {e}", headers=headers, body=content
+        ) from None
     params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
     if params is None:
         # As llm-d's sidecar: warn and let the decode server prefill locally.
@@ -163,11 +163,12 @@ class PDClient:
         decode_url: str,
         *,
         api_key: str | None = None,
-        timeout: float | None = 600.0,
+        timeout: float | httpx.Timeout | None = 600.0,
         headers: Mapping[str, str] | None = None,
+        **httpx_kwargs: Any,
     ):
-        self._prefill = httpx.Client(base_url=prefill_url, timeout=timeout)
-        self._decode = httpx.Client(base_url=decode_url, timeout=timeout)
+        self._prefill = httpx.Client(base_url=prefill_url, timeout=timeout, **httpx_kwargs)
+        self._decode = httpx.Client(base_url=decode_url, timeout=timeout, **httpx_kwargs)
         self._headers = {**_auth(api_key), **(headers or {})}
         self.last_kv_transfer_params: dict[str, Any] | None = None
 
@@ -181,45 +182,68 @@ class PDClient:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def prefill(self, request: GenerateRequest | Mapping[str, Any], request_id: str | None = None) -> dict[str, Any] | None:
+    def prefill(
+        self,
+        request: GenerateRequest | Mapping[str, Any],
+        request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> dict[str, Any] | None:
         """Run the prefill leg; return the `kv_transfer_params` for the decode leg."""
-        rid = request_id or request_id_of(request)
+        rid = request_id or request_id_of(request, headers)
         r = self._prefill.post(
             GENERATE_PATH,
             content=_encoder.encode(prefill_request(request)),
-            headers=_leg_headers(self._headers, rid, leg="prefill"),
+            headers=_leg_headers({**self._headers, **(headers or {})}, rid, leg="prefill"),
         )
-        params = _kv_params_from(r.status_code, r.content)
+        params = _kv_params_from(r.status_code, r.content, r.headers)
         self.last_kv_transfer_params = params
         return params
 
-    def _legs(self, request: GenerateRequest | Mapping[str, Any], stream: bool) -> tuple[bytes, dict[str, str]]:
-        rid = request_id_of(request)
-        params = self.prefill(request, rid)
+    def _open(
+        self, request: GenerateRequest | Mapping[str, Any], stream: bool, headers: Mapping[str, str] | None
+    ) -> httpx.Response:
+        """Both legs; returns the open decode response (the caller closes it), raising for non-200."""
+        rid = request_id_of(request, headers)
+        params = self.prefill(request, rid, headers)
         body = decode_request(request, params, stream=stream)
-        return _encoder.encode(body), _leg_headers(self._headers, rid, leg="decode")
-
-    def generate(self, request: GenerateRequest | Mapping[str, Any]) -> Any:
-        content, headers = self._legs(request, False)
-        r = self._decode.post(GENERATE_PATH, content=content, headers=headers)
+        req = self._decode.build_request(
+            "POST",
+            GENERATE_PATH,
+            content=_encoder.encode(body),
+            headers=_leg_headers({**self._headers, **(headers or {})}, rid, leg="decode"),
+        )
+        r = self._decode.send(req, stream=True)
         if r.status_code != 200:
-            _raise_for(r.status_code, r.content)
-        return msgspec.json.decode(r.content, type=MODE_TYPES[_mode(request)].response)
+            try:
+                content = r.read()
+            finally:
+                r.close()
+            _raise_for(r.status_code, content, r.headers)
+        return r
 
-    def stream_lines(self, request: GenerateRequest | Mapping[str, Any]) -> Iterator[str]:
-        content, headers = self._legs(request, True)
-        with self._decode.stream("POST", GENERATE_PATH, content=content, headers=headers) as r:
-            if r.status_code != 200:
-                r.read()
-                _raise_for(r.status_code, r.content)
+    def generate(self, request: GenerateRequest | Mapping[str, Any], *, headers: Mapping[str, str] | None = None) -> Any:
+        r = self._open(request, False, headers)
+        try:
+            content = r.read()
+        finally:
+            r.close()
+        return msgspec.json.decode(content, type=MODE_TYPES[_mode(request)].response)
+
+    def stream_lines(
+        self, request: GenerateRequest | Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> Iterator[str]:
+        r = self._open(request, True, headers)
+        try:
             yield from r.iter_lines()
+        finally:
+            r.close()
 
-    def stream(self, request: GenerateRequest | Mapping[str, Any]) -> Iterator[Any]:
-        mode = _mode(request)
-        for line in self.stream_lines(request):
-            chunk = parse_sse_data(line, mode)
-            if chunk is not None:
-                yield chunk
+    def stream(self, request: GenerateRequest | Mapping[str, Any], *, headers: Mapping[str, str] | None = None) -> Iterator[Any]:
+        r = self._open(request, True, headers)
+        try:
+            yield from iter_chunks(r, _mode(request))
+        finally:
+            r.close()
 
 
 class AsyncPDClient:
@@ -231,7 +255,7 @@ class AsyncPDClient:
         decode_url: str,
         *,
         api_key: str | None = None,
-        timeout: float | None = 600.0,
+        timeout: float | httpx.Timeout | None = 600.0,
         headers: Mapping[str, str] | None = None,
         **httpx_kwargs: Any,
     ):
@@ -262,7 +286,7 @@ class AsyncPDClient:
             content=_encoder.encode(prefill_request(request)),
             headers=_leg_headers({**self._headers, **(headers or {})}, rid, leg="prefill"),
         )
-        params = _kv_params_from(r.status_code, r.content)
+        params = _kv_params_from(r.status_code, r.content, r.headers)
         self.last_kv_transfer_params = params
         return params
 
@@ -285,35 +309,47 @@ class AsyncPDClient:
         )
         return await self._decode.send(req, stream=True)
 
-    async def _open(self, request: GenerateRequest | Mapping[str, Any], stream: bool) -> httpx.Response:
-        rid = request_id_of(request)
-        params = await self.prefill(request, rid)
-        return await self.send_decode(request, params, rid, stream=stream)
+    async def _open(
+        self, request: GenerateRequest | Mapping[str, Any], stream: bool, headers: Mapping[str, str] | None
+    ) -> httpx.Response:
+        """Both legs; returns the open decode response (the caller closes it), raising for non-200."""
+        rid = request_id_of(request, headers)
+        params = await self.prefill(request, rid, headers)
+        r = await self.send_decode(request, params, rid, stream=stream, headers=headers)
+        if r.status_code != 200:
+            try:
+                content = await r.aread()
+            finally:
+                await r.aclose()
+            _raise_for(r.status_code, content, r.headers)
+        return r
 
-    async def generate(self, request: GenerateRequest | Mapping[str, Any]) -> Any:
-        r = await self._open(request, False)
+    async def generate(
+        self, request: GenerateRequest | Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        r = await self._open(request, False, headers)
         try:
             content = await r.aread()
         finally:
             await r.aclose()
-        if r.status_code != 200:
-            _raise_for(r.status_code, content)
         return msgspec.json.decode(content, type=MODE_TYPES[_mode(request)].response)
 
-    async def stream_lines(self, request: GenerateRequest | Mapping[str, Any]) -> AsyncIterator[str]:
-        r = await self._open(request, True)
+    async def stream_lines(
+        self, request: GenerateRequest | Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[str]:
+        r = await self._open(request, True, headers)
         try:
-            if r.status_code != 200:
-                await r.aread()
-                _raise_for(r.status_code, r.content)
             async for line in r.aiter_lines():
                 yield line
         finally:
             await r.aclose()
 
-    async def stream(self, request: GenerateRequest | Mapping[str, Any]) -> AsyncIterator[Any]:
-        mode = _mode(request)
-        async for line in self.stream_lines(request):
-            chunk = parse_sse_data(line, mode)
-            if chunk is not None:
+    async def stream(
+        self, request: GenerateRequest | Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[Any]:
+        r = await self._open(request, True, headers)
+        try:
+            async for chunk in aiter_chunks(r, _mode(request)):
                 yield chunk
+        finally:
+            await r.aclose()

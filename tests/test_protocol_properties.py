@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decode_server.engine import EngineLimits
-from decode_server.validate import Rejected, build_sampling_params
+from decode_server.errors import Rejected
+from decode_server.validate import build_sampling_params
 from protocol.generate import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.reliability
 
 LIMITS = EngineLimits(
-    vocab_size=151936, max_model_len=4096, max_num_seqs=16, max_logprobs=20, has_tokenizer=True, default_max_tokens=None
+    vocab_size=151936, max_model_len=4096, max_num_seqs=16, max_logprobs=20, has_tokenizer=True
 )
 SAMPLING_KEYS = list(msgspec.structs.fields(SamplingParams))
 

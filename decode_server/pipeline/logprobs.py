@@ -1,17 +1,20 @@
-"""The engine's per-position logprob maps in the two wire shapes.
+"""Stage 2: the engine's per-position logprob maps in the wire shape of the level.
 
 Integer ids (tokens level, vLLM's GenerateLogProbs) or decoded strings with
 UTF-8 bytes (text and derender levels, OpenAI chat shape). Token strings come
 from vLLM's own resolution (`_logprob_token`: the engine's decoded_token, else
-the tokenizer), so they match vLLM's text mode byte for byte.
+the tokenizer), so they match vLLM's text mode byte for byte. The stage is only
+stacked when the request asked for logprobs.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob, _logprob_token
 
+from decode_server.pipeline.steps import Step
 from protocol.chat import ChatLogProb, ChatLogProbs, ChatLogProbsContent
 from protocol.generate import GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent
 
@@ -62,3 +65,17 @@ def text_logprobs(token_ids: list[int], positions: Any, num_top: int, tokenizer:
             )
         )
     return ChatLogProbs(content=content)
+
+
+async def with_integer_logprobs(steps: AsyncIterator[Step], num_top: int) -> AsyncIterator[Step]:
+    async for step in steps:
+        for choice in step.choices:
+            choice.logprobs = integer_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top)
+        yield step
+
+
+async def with_text_logprobs(steps: AsyncIterator[Step], num_top: int, tokenizer: Any) -> AsyncIterator[Step]:
+    async for step in steps:
+        for choice in step.choices:
+            choice.logprobs = text_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top, tokenizer)
+        yield step

@@ -1,40 +1,15 @@
-"""Stage 1: engine RequestOutputs → per-choice token steps (+ integer logprobs)."""
+"""Stage 1: engine RequestOutputs → typed steps, one ChoiceStep per choice that changed."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.outputs import RequestOutput
 from vllm.utils.serial_utils import numpy2base64
 
-
-class EngineGenerationError(Exception):
-    """The engine finished a choice with finish_reason "error"."""
-
-
-@dataclass(slots=True)
-class ChoiceStep:
-    """What one engine output added to one choice; later stages fill the rest."""
-
-    index: int
-    token_ids: list[int]
-    finish_reason: str | None
-    stop_reason: int | str | None
-    text: str
-    raw_logprobs: Any  # the engine's per-position {token_id: Logprob} list, or None
-    extras: dict[str, Any]  # routed_experts / sampling_mask / weight_versions, passed through
-    logprobs: Any = None  # wire logprobs, set by the level's stage
-    delta: Any = None  # DeltaMessage, set by the derender stage
-    message: Any = None  # ChatMessage, set by the derender stage on the finishing step
-    hide_metadata: bool = False  # token ids and logprobs withheld (include_reasoning=false)
-
-
-@dataclass(slots=True)
-class Step:
-    output: RequestOutput
-    choices: list[ChoiceStep] = field(default_factory=list)
+from decode_server.errors import EngineGenerationError
+from decode_server.pipeline.steps import ChoiceStep, Step
 
 
 def _passthrough(out: Any) -> dict[str, Any]:
@@ -67,6 +42,7 @@ async def token_steps(outputs: AsyncIterator[RequestOutput], *, keep_text_only: 
                 ChoiceStep(
                     index=out.index,
                     token_ids=list(token_ids),
+                    num_tokens=len(token_ids),
                     finish_reason=out.finish_reason,
                     stop_reason=out.stop_reason,
                     text=out.text,

@@ -1,0 +1,34 @@
+"""API-key middleware: `Authorization: Bearer <key>` on the generate and abort routes."""
+
+from __future__ import annotations
+
+import hmac
+
+import msgspec
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from protocol.errors import error_body
+
+GUARDED_PREFIXES = ("/inference/", "/abort_requests")
+_UNAUTHORIZED = msgspec.json.encode(error_body(401, "missing or wrong API key (send 'Authorization: Bearer <key>')"))
+
+
+class ApiKeyMiddleware:
+    """Constant-time compare against every configured key; health, readiness, metrics and models stay open."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]):
+        self.app = app
+        self._expected = [f"Bearer {key}".encode() for key in keys]
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        # Compare against every key (no early exit), so timing does not tell which one matched.
+        return sum(hmac.compare_digest(given, expected) for expected in self._expected) > 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIXES) and not self._authorized(scope):
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_UNAUTHORIZED)).encode())]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": _UNAUTHORIZED})
+            return
+        await self.app(scope, receive, send)

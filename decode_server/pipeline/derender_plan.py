@@ -1,0 +1,162 @@
+"""What the derender stage needs per request: the parser class and the chat context.
+
+`Derenderer` is server-wide (vLLM's parser class, resolved once); `plan()` turns a
+request's `parse_context` (vLLM 0.33's wire) or `chat_request` (the RFC's) into the
+`ChatCompletionRequest` vLLM's parsers read, and builds one parser per choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import msgspec
+from pydantic import TypeAdapter, ValidationError
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionRequest,
+    ChatCompletionToolsParam,
+)
+from vllm.parser import ParserManager
+from vllm.renderers.chat_utils import get_tool_call_id_type
+
+from decode_server.config import DerenderConfig
+from decode_server.errors import Rejected
+from protocol.chat import ParseContext
+
+_tools_adapter = TypeAdapter(list[ChatCompletionToolsParam])
+_tool_choice_adapter = TypeAdapter(ChatCompletionNamedToolChoiceParam)
+
+
+
+
+class Derenderer:
+    """Server-wide: the parser class (resolved once) and what every request's parsers share."""
+
+    def __init__(self, config: DerenderConfig, tokenizer: Any, model_config: Any):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+
+    @cached_property
+    def parser_cls(self) -> Any:
+        if self.tokenizer is None:
+            return None
+        return ParserManager.get_parser(
+            tool_parser_name=self.config.tool_call_parser,
+            reasoning_parser_name=self.config.reasoning_parser,
+            enable_auto_tools=self.config.enable_auto_tool_choice,
+            model_name=self.model_config.model,
+            is_harmony=getattr(self.model_config.hf_config, "model_type", None) == "gpt_oss",
+            tokenizer=self.tokenizer,
+        )
+
+    @cached_property
+    def tool_call_id_type(self) -> str:
+        return get_tool_call_id_type(self.model_config)
+
+    def plan(self, parse_context: dict[str, Any] | None, chat_request: dict[str, Any] | None) -> DerenderPlan:
+        if self.parser_cls is None:
+            return DerenderPlan(self, None, 0)
+        if parse_context is None and chat_request is None:
+            raise Rejected(
+                "output_mode='derender' on a server with a reasoning or tool parser needs parse_context "
+                "(or chat_request) from /render; without it the parser cannot tell how the prompt left "
+                "reasoning and tools, and <think>/<tool_call> markup would leak into content",
+                param="parse_context",
+                reason="derender_without_context",
+            )
+        if chat_request is not None:
+            try:
+                request = ChatCompletionRequest.model_validate(chat_request)
+            except ValidationError as e:
+                raise Rejected(f"invalid chat_request: {e}", param="chat_request", reason="invalid_chat_request") from e
+            return DerenderPlan(self, request, 0)
+        return DerenderPlan(self, _chat_request_from_parse_context(parse_context or {}), _history_count(parse_context))
+
+
+def _history_count(parse_context: dict[str, Any] | None) -> int:
+    return int((parse_context or {}).get("history_tool_call_cnt") or 0)
+
+
+def _chat_request_from_parse_context(raw: dict[str, Any]) -> ChatCompletionRequest:
+    try:
+        ctx = msgspec.convert(raw, ParseContext)
+    except msgspec.ValidationError as e:
+        message = str(e)
+        if message.startswith("Object contains unknown field"):
+            message = f"parse_context: {message}; the render server is newer than this decode server"
+        else:
+            message = f"invalid parse_context: {message}"
+        raise Rejected(message, param="parse_context", reason="invalid_parse_context") from e
+    try:
+        tools = None if ctx.tools is None else _tools_adapter.validate_python(ctx.tools)
+        tool_choice: Any = ctx.tool_choice
+        if isinstance(tool_choice, dict):
+            tool_choice = _tool_choice_adapter.validate_python(tool_choice)
+    except ValidationError as e:
+        raise Rejected(f"invalid parse_context: {e}", param="parse_context", reason="invalid_parse_context") from e
+    if tool_choice is None and tools:
+        tool_choice = "auto"
+    if isinstance(tool_choice, ChatCompletionNamedToolChoiceParam):
+        name = tool_choice.function.name
+        if not any(tool.function.name == name for tool in tools or ()):
+            raise Rejected(
+                f"tool_choice names the tool {name!r}, which is not among parse_context.tools",
+                param="parse_context.tool_choice",
+                reason="unknown_named_tool",
+            )
+    # Built without the chat validators, as vLLM 0.33's ParseContext.to_chat_request does:
+    # the parsers read only these fields.
+    return ChatCompletionRequest.model_construct(
+        messages=[],
+        tools=tools,
+        tool_choice=tool_choice if tool_choice is not None else "none",
+        parallel_tool_calls=ctx.parallel_tool_calls,
+        include_reasoning=ctx.include_reasoning,
+        chat_template_kwargs=ctx.chat_template_kwargs or {},
+    )
+
+
+@dataclass
+class DerenderPlan:
+    derenderer: Derenderer
+    request: ChatCompletionRequest | None  # None: no parser, text is content
+    history_tool_call_cnt: int
+
+    @property
+    def hides_reasoning(self) -> bool:
+        return self.request is not None and self.request.include_reasoning is False
+
+    @property
+    def named_tool_choice(self) -> bool:
+        return self.request is not None and type(self.request.tool_choice) is ChatCompletionNamedToolChoiceParam
+
+    def new_parser(self) -> Any:
+        d = self.derenderer
+        req = self.request
+        parser = d.parser_cls(
+            d.tokenizer,
+            req.tools,
+            chat_template_kwargs=_effective_template_kwargs(req),
+            model_config=d.model_config,
+        )
+        if self.history_tool_call_cnt:
+            # vLLM 0.32 only counts history from request.messages (empty here); 0.33 has a setter.
+            setter = getattr(parser, "set_history_tool_call_count", None)
+            if setter is not None:
+                setter(self.history_tool_call_cnt)
+            else:
+                parser._stream_state.history_tool_call_cnt = self.history_tool_call_cnt
+                parser._stream_state.history_tool_call_cnt_initialized = True
+        return parser
+
+
+def _effective_template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    kwargs = dict(req.chat_template_kwargs or {})
+    effort = getattr(req, "reasoning_effort", None)
+    if effort is not None and "enable_thinking" not in kwargs:
+        kwargs["enable_thinking"] = effort != "none"
+    return kwargs

@@ -1,0 +1,112 @@
+"""The process lifecycle: uvicorn, the drain on SIGTERM, the engine watchdog and the exit code.
+
+`Lifecycle` is the one object that knows whether the process is draining, whether the
+engine died and when to exit; the app reads it (readiness, admission), the lifespan
+attaches the engine to it, and `run()` serves until it says stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import uvicorn
+from sse_starlette.sse import AppStatus
+
+from decode_server.config import DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ENGINE_WATCH_INTERVAL_S
+
+log = logging.getLogger("decode_server.server")
+
+
+class Lifecycle:
+    def __init__(self, shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S):
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.draining = False
+        self.engine_died = False
+        self._engine: Any = None
+        self._metrics: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: uvicorn.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def exit_code(self) -> int:
+        # Non-zero after an engine death so Kubernetes (or any supervisor) restarts the pod;
+        # a completed drain is a clean exit.
+        return 1 if self.engine_died else 0
+
+    def attach(self, engine: Any, metrics: Any) -> None:
+        """Called from the app's lifespan, on the serving loop, once the engine is up."""
+        self._engine, self._metrics = engine, metrics
+        self._loop = asyncio.get_running_loop()
+        self._spawn(self._watch_engine())
+
+    def detach(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def begin_drain(self) -> None:
+        """From the signal handler: flip readiness now, schedule the deadline on the loop."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: new requests get 503; in-flight requests have %.0fs", self.shutdown_timeout_s)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._spawn, self._drain_deadline())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain_deadline(self) -> None:
+        await asyncio.sleep(self.shutdown_timeout_s)
+        if self._engine is None:
+            return
+        aborted = await self._engine.abort_all()
+        if aborted:
+            log.info("drain deadline: aborted %d request(s)", len(aborted))
+            self._metrics.aborted("drain", len(aborted))
+        # Streams end on their abort chunk; anything still open after that is closed by sse-starlette.
+        await asyncio.sleep(DRAIN_FLUSH_S)
+        AppStatus.should_exit = True
+
+    async def _watch_engine(self) -> None:
+        """When the engine core dies: /health is already 503; let open streams send their
+        error events, then exit non-zero."""
+        while not self._engine.is_dead:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        log.error("the engine core died; open streams end with an error event and the server exits")
+        self.engine_died = True
+        await asyncio.sleep(ENGINE_DEATH_GRACE_S)
+        if self._server is not None:
+            self._server.should_exit = True
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, plus: the first SIGTERM/SIGINT starts the drain before uvicorn stops listening."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle):
+        super().__init__(config)
+        self.lifecycle = lifecycle
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.lifecycle.begin_drain()
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises the captured signal after shutdown, so the process would die
+        # by SIGTERM; a completed drain is a clean exit (0) for Kubernetes and supervisors.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+
+def run(config: uvicorn.Config, lifecycle: Lifecycle) -> int:
+    """Serve until drained or the engine died; return the process exit code."""
+    # sse-starlette would end every open stream the moment uvicorn sees SIGTERM;
+    # the drain ends them instead (with a final "abort" chunk) at the deadline.
+    AppStatus.disable_automatic_graceful_drain()
+    server = _DrainingServer(config, lifecycle)
+    lifecycle._server = server
+    server.run()
+    return lifecycle.exit_code

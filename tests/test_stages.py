@@ -1,0 +1,136 @@
+"""The pure pipeline stages and the wire step, fed recorded engine outputs in-process (no engine).
+
+Fast checks of one stage each; the proof that the whole flow works is the engine tests beside
+these (test_tokens.py, test_text.py, test_derender.py), which drive a real AsyncLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
+
+from decode_server.errors import EngineGenerationError
+from decode_server.pipeline.derender import derender_batch, derender_stream
+from decode_server.pipeline.derender_plan import DerenderPlan
+from decode_server.pipeline.logprobs import with_integer_logprobs
+from decode_server.pipeline.steps import Step
+from decode_server.pipeline.tokens import token_steps
+from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
+
+PROMPT = [9707, 1879]
+
+
+def output(*choices: CompletionOutput, finished: bool = False, prompt_logprobs: Any = None) -> RequestOutput:
+    return RequestOutput("r", None, PROMPT, prompt_logprobs, list(choices), finished)
+
+
+def choice(token_ids: list[int], text: str = "", finish: str | None = None, index: int = 0, logprobs: Any = None) -> CompletionOutput:
+    return CompletionOutput(index=index, text=text, token_ids=token_ids, cumulative_logprob=None, logprobs=logprobs, finish_reason=finish)
+
+
+async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+
+
+async def _collect(agen: AsyncIterator[Any]) -> list[Any]:
+    return [x async for x in agen]
+
+
+def run(agen: AsyncIterator[Any]) -> list[Any]:
+    return asyncio.run(_collect(agen))
+
+
+def wire_json(obj: Any) -> Any:
+    return msgspec.json.decode(msgspec.json.encode(obj))
+
+
+# ---------------------------------------------------------------- tokens stage
+
+
+def test_token_steps_drop_empty_choices_at_the_tokens_level_but_keep_held_back_text():
+    outputs = [output(choice([], text="Hel")), output(choice([11], text="lo")), output(choice([], finish="stop"), finished=True)]
+    tokens_level = run(token_steps(_aiter(outputs), keep_text_only=False))
+    text_level = run(token_steps(_aiter(outputs), keep_text_only=True))
+    assert [len(s.choices) for s in tokens_level] == [0, 1, 1], "text alone is not a tokens-level update"
+    assert [len(s.choices) for s in text_level] == [1, 1, 1], "held-back text is flushed without new ids"
+    assert tokens_level[2].choices[0].finish_reason == "stop", "a finish-only output always reaches the client"
+
+
+def test_an_engine_error_finish_raises_instead_of_reaching_the_wire():
+    with pytest.raises(EngineGenerationError, match="Internal server error"):
+        run(token_steps(_aiter([output(choice([1], finish="error"), finished=True)]), keep_text_only=False))
+
+
+# ---------------------------------------------------------------- logprobs stage
+
+
+def test_integer_logprobs_keep_the_sampled_token_and_the_top_k_cut():
+    positions = [{11: Logprob(-0.5, rank=1), 12: Logprob(-1.0, rank=2), 13: Logprob(-2.0, rank=3)}]
+    steps = token_steps(_aiter([output(choice([11], logprobs=positions), finished=True)]), keep_text_only=False)
+    (step,) = run(with_integer_logprobs(steps, num_top=2))
+    content = step.choices[0].logprobs.content
+    assert [(c.token_id, c.logprob, c.rank) for c in content] == [(11, -0.5, 1)]
+    assert [t.token_id for t in content[0].top_logprobs] == [11, 12], "top-2 cut, sampled token first"
+
+
+# ---------------------------------------------------------------- wire stage
+
+
+def test_stream_chunks_carry_prompt_ids_once_continuous_usage_and_a_final_usage_chunk():
+    ctx = WireContext("req-1", "demo", "tokens", include_usage=True, continuous_usage=True, return_token_ids=True)
+    outputs = [output(choice([11])), output(choice([12, 13], finish="stop"), finished=True)]
+    stats = RequestStats()
+    chunks = [wire_json(c) for c in run(stream_chunks(ctx, token_steps(_aiter(outputs), keep_text_only=False), stats))]
+    assert chunks[0]["prompt_token_ids"] == PROMPT and "prompt_token_ids" not in chunks[1]
+    assert [c["choices"][0]["token_ids"] for c in chunks[:2]] == [[11], [12, 13]]
+    assert [c["usage"]["completion_tokens"] for c in chunks[:2]] == [1, 3]
+    assert chunks[2] == {"request_id": "req-1", "usage": {"prompt_tokens": 2, "total_tokens": 5, "completion_tokens": 3},
+                         "output_mode": "tokens", "choices": []}
+    assert (stats.prompt_tokens, stats.completion_tokens, stats.finish_reasons) == (2, 3, ["stop"])
+
+
+def test_batch_response_is_built_from_the_one_final_step():
+    ctx = WireContext("req-2", "demo", "text")
+    final = output(choice([11, 12], text="Hello,", finish="length"), finished=True)
+    stats = RequestStats()
+    (body,) = [wire_json(asyncio.run(batch_response(ctx, token_steps(_aiter([final]), keep_text_only=True), stats)))]
+    assert body["choices"] == [{"index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": [11, 12],
+                                "routed_experts": None, "sampling_mask": None, "weight_versions": None,
+                                "text": "Hello,", "logprobs": None}]
+    assert body["usage"]["completion_tokens"] == 2 and body["model"] == "demo" and body["output_mode"] == "text"
+    assert stats.first_token_at is not None
+
+
+def test_withheld_token_ids_are_null_on_the_wire_but_still_counted_in_usage():
+    ctx = WireContext("req-3", "demo", "tokens", include_usage=True)
+    step = Step(output(choice([11, 12], finish="stop"), finished=True))
+
+    async def hidden() -> AsyncIterator[Step]:
+        async for s in token_steps(_aiter([step.output]), keep_text_only=False):
+            for c in s.choices:
+                c.withhold_metadata()
+            yield s
+
+    chunks = [wire_json(c) for c in run(stream_chunks(ctx, hidden(), RequestStats()))]
+    assert chunks[0]["choices"][0]["token_ids"] is None and chunks[0]["choices"][0]["logprobs"] is None
+    assert chunks[1]["usage"]["completion_tokens"] == 2
+
+
+# ---------------------------------------------------------------- derender stage (no parser)
+
+
+def test_derender_without_a_parser_makes_the_text_the_content():
+    plan = DerenderPlan(derenderer=None, request=None, history_tool_call_cnt=0)  # type: ignore[arg-type]
+    final = output(choice([11, 12], text="Hello,", finish="stop"), finished=True)
+    (step,) = run(derender_batch(token_steps(_aiter([final]), keep_text_only=True), plan))
+    assert wire_json(step.choices[0].message) == {"role": "assistant", "content": "Hello,"}
+    deltas = [output(choice([11], text="Hel")), output(choice([12], text="lo", finish="stop"), finished=True)]
+    steps = run(derender_stream(token_steps(_aiter(deltas), keep_text_only=True), plan, PROMPT))
+    assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "assistant", "content": "Hel"}, {"content": "lo"}]
