@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from decode_server import routes
@@ -18,17 +22,51 @@ from decode_server.errors import ServerError
 from decode_server.metrics import Metrics
 from decode_server.service import GenerateService
 
-ROUTES = [
-    Route("/inference/v1/generate", routes.generate, methods=["POST"]),
-    Route("/inference/v1/abort_requests", routes.abort_requests, methods=["POST"]),
-    Route("/abort_requests", routes.abort_requests, methods=["POST"]),
-    Route("/health", routes.health, methods=["GET"]),
-    Route("/ready", routes.ready, methods=["GET"]),
-    Route("/v1/models", routes.models, methods=["GET"]),
-    Route("/version", routes.version, methods=["GET"]),
-    Route("/metrics", routes.metrics, methods=["GET"]),
-    Route("/openapi.json", routes.openapi, methods=["GET"]),
-]
+
+def _routes(config: ServerConfig) -> list[Route]:
+    table = [
+        Route("/inference/v1/generate", routes.generate, methods=["POST"]),
+        Route("/inference/v1/abort_requests", routes.abort_requests, methods=["POST"]),
+        Route("/abort_requests", routes.abort_requests, methods=["POST"]),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/ready", routes.ready, methods=["GET"]),
+        Route("/load", routes.load, methods=["GET"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/version", routes.version, methods=["GET"]),
+        Route("/metrics", routes.metrics, methods=["GET"]),
+    ]
+    if config.openapi:
+        table.append(Route("/openapi.json", routes.openapi, methods=["GET"]))
+    return table
+
+
+def _operator_middleware(path: str) -> Middleware:
+    """--middleware: a class (ASGI middleware) or an `async def (request, call_next)`, as vLLM loads them."""
+    module_path, name = path.rsplit(".", 1)
+    imported = getattr(importlib.import_module(module_path), name)
+    if inspect.isclass(imported):
+        return Middleware(imported)
+    if inspect.iscoroutinefunction(imported):
+        return Middleware(BaseHTTPMiddleware, dispatch=imported)
+    raise ValueError(f"Invalid middleware {path}. Must be a function or a class.")
+
+
+def _middleware(config: ServerConfig) -> list[Middleware]:
+    """Outermost first: the operator's, then auth, then CORS (as vLLM stacks them)."""
+    cors = config.cors
+    stack = [_operator_middleware(path) for path in reversed(config.middleware)]
+    if config.api_keys:
+        stack.append(Middleware(ApiKeyMiddleware, keys=config.api_keys))
+    stack.append(
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(cors.allowed_origins),
+            allow_credentials=cors.allow_credentials,
+            allow_methods=list(cors.allowed_methods),
+            allow_headers=list(cors.allowed_headers),
+        )
+    )
+    return stack
 
 
 def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecycle: Any) -> Starlette:
@@ -48,9 +86,11 @@ def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecy
             lifecycle.detach()
             engine.shutdown()
 
-    middleware = [Middleware(ApiKeyMiddleware, keys=config.api_keys)] if config.api_keys else []
     app = Starlette(
-        routes=ROUTES, lifespan=lifespan, middleware=middleware, exception_handlers={ServerError: routes.render_error}
+        routes=_routes(config),
+        lifespan=lifespan,
+        middleware=_middleware(config),
+        exception_handlers={ServerError: routes.render_error},
     )
     app.state.decode_server = state
     return app

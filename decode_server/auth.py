@@ -25,8 +25,14 @@ class ApiKeyMiddleware:
         # Compare against every key (no early exit), so timing does not tell which one matched.
         return sum(hmac.compare_digest(given, expected) for expected in self._expected) > 0
 
+    def _guarded(self, scope: Scope) -> bool:
+        # As vLLM's AuthenticationMiddleware: CORS preflights pass; paths are matched below root_path.
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+            return False
+        return scope["path"].removeprefix(scope.get("root_path", "")).startswith(GUARDED_PREFIXES)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIXES) and not self._authorized(scope):
+        if self._guarded(scope) and not self._authorized(scope):
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_UNAUTHORIZED)).encode())]
             await send({"type": "http.response.start", "status": 401, "headers": headers})
             await send({"type": "http.response.body", "body": _UNAUTHORIZED})

@@ -1,7 +1,8 @@
 """`decode-server serve [MODEL]` and `decode-server demo-model DIR`: argv → config → server.
 
-Every vLLM engine flag comes from vLLM's own `AsyncEngineArgs.add_cli_args`, so
-they behave exactly as in `vllm serve`; the server's own flags are added here.
+`serve` takes exactly `vllm serve`'s command line: the parser is vLLM's own
+(`make_arg_parser`: every frontend and engine flag), plus a few flags of ours. What each
+frontend flag does here is in `frontend_flags.py`.
 """
 
 from __future__ import annotations
@@ -12,49 +13,19 @@ import sys
 from pathlib import Path
 
 from decode_server.config import (
-    DEFAULT_HOST,
     DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_PORT,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     DEMO_KV_CACHE_BYTES,
     DEMO_MAX_MODEL_LEN,
+    CorsConfig,
     DerenderConfig,
     ServerConfig,
 )
 
 
-def _env_api_keys() -> list[str] | None:
-    key = os.environ.get("VLLM_API_KEY") or os.environ.get("DECODE_SERVER_API_KEY")
-    return [key] if key else None
-
-
-def _server_flags(parser: argparse.ArgumentParser) -> None:
+def _own_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decode-server")
-    group.add_argument("--host", default=DEFAULT_HOST, help="Address to bind (default: %(default)s).")
-    group.add_argument("--port", type=int, default=DEFAULT_PORT, help="Port to bind (default: %(default)s).")
-    group.add_argument(
-        "--api-key",
-        nargs="+",
-        default=_env_api_keys(),
-        help="Require 'Authorization: Bearer KEY' (any of the keys given) on /inference/* and the abort "
-        "routes (default: $VLLM_API_KEY, else $DECODE_SERVER_API_KEY, else no auth).",
-    )
-    group.add_argument(
-        "--tokens-only",
-        action="store_true",
-        help="Load no tokenizer and force detokenize off: only output_mode='tokens' is served "
-        "(a prefill pool). text/derender requests and stop strings get 400.",
-    )
-    group.add_argument("--tool-call-parser", default=None, help="vLLM tool parser for output_mode='derender' (e.g. hermes).")
-    group.add_argument(
-        "--enable-auto-tool-choice", action="store_true", help="Parse tool calls under tool_choice='auto' (as vllm serve)."
-    )
-    group.add_argument(
-        "--drain-timeout",
-        type=int,
-        dest="shutdown_timeout",
-        help="Deprecated alias of --shutdown-timeout.",
-    )
+    group.add_argument("--drain-timeout", type=int, dest="shutdown_timeout", help="Deprecated alias of --shutdown-timeout.")
     group.add_argument(
         "--log-format",
         choices=["text", "json"],
@@ -69,23 +40,33 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _adjust_vllm_flags(serve: argparse.ArgumentParser) -> None:
+    """vLLM's own --shutdown-timeout is the one drain knob; our default drains instead of aborting."""
+    serve.set_defaults(shutdown_timeout=int(DEFAULT_SHUTDOWN_TIMEOUT_S))
+    for action in serve._actions:
+        if action.option_strings == ["--shutdown-timeout"]:
+            action.help = (
+                "On SIGTERM: /ready turns 503 and new requests get 503 at once; in-flight requests run up to "
+                "this many seconds, then the rest are aborted (streams end with finish_reason 'abort'), the "
+                "engine shuts down and the process exits 0 (default: %(default)s; vLLM's is 0)."
+            )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(prog="decode-server", description="Decode-tier server for vLLM's token-in generate protocol.")
     sub = parser.add_subparsers(dest="command", required=True)
-
     serve = sub.add_parser(
         "serve",
-        help="Serve /inference/v1/generate on an AsyncLLM.",
-        description="Serve /inference/v1/generate. With no MODEL, serve the embedded demo model "
-        "(random weights: its text is meaningless).",
+        help="Serve /inference/v1/generate on an AsyncLLM (takes every `vllm serve` flag).",
+        description="Serve /inference/v1/generate. Takes `vllm serve`'s flags. With no MODEL, serve the "
+        "embedded demo model (random weights: its text is meaningless).",
     )
-    serve.add_argument("model_tag", nargs="?", default=None, help="Model path or name (default: the demo model).")
-    _server_flags(serve)
-    AsyncEngineArgs.add_cli_args(serve)
-    _document_shutdown_timeout(serve)
+    make_arg_parser(serve)
+    _own_flags(serve)
+    _adjust_vllm_flags(serve)
 
     demo = sub.add_parser("demo-model", help="Write the demo model (config, tokenizer, chat template) to DIR.")
     demo.add_argument("dir", type=Path)
@@ -97,18 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Route /inference/v1/generate through a prefill and a decode server (NIXL), as llm-d's sidecar does.",
     )
     return parser
-
-
-def _document_shutdown_timeout(serve: argparse.ArgumentParser) -> None:
-    """vLLM's own --shutdown-timeout is the one drain knob; our default drains instead of aborting."""
-    serve.set_defaults(shutdown_timeout=int(DEFAULT_SHUTDOWN_TIMEOUT_S))
-    for action in serve._actions:
-        if action.dest == "shutdown_timeout" and action.option_strings == ["--shutdown-timeout"]:
-            action.help = (
-                "On SIGTERM: /ready turns 503 and new requests get 503 at once; in-flight requests run up to "
-                "this many seconds, then the rest are aborted (streams end with finish_reason 'abort'), the "
-                "engine shuts down and the process exits 0 (default: %(default)s; vLLM's is 0)."
-            )
 
 
 def _apply_demo_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
@@ -124,7 +93,15 @@ def _apply_demo_defaults(args: argparse.Namespace, parser_defaults: dict) -> Non
         args.max_model_len = DEMO_MAX_MODEL_LEN
 
 
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.api_key:
+        return tuple(args.api_key)
+    key = os.environ.get("VLLM_API_KEY") or os.environ.get("DECODE_SERVER_API_KEY")
+    return (key,) if key else ()
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
+    skip = frozenset(p.strip() for p in (args.disable_access_log_for_endpoints or "").split(",") if p.strip())
     return ServerConfig(
         served_model_names=tuple(args.served_model_name or [args.model]),
         tokens_only=args.tokens_only,
@@ -132,45 +109,54 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             reasoning_parser=args.reasoning_parser or None,
             tool_call_parser=args.tool_call_parser,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
+            default_chat_template_kwargs=dict(args.default_chat_template_kwargs or {}),
+            chat_template=args.chat_template,
+            response_role=args.response_role,
         ),
-        api_keys=tuple(args.api_key or ()),
+        api_keys=_api_keys(args),
         max_request_bytes=args.max_request_bytes,
+        sse_keep_alive_s=args.sse_keep_alive_interval,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        load_tracking=args.enable_server_load_tracking,
+        openapi=not args.disable_fastapi_docs,
+        access_log=not args.disable_uvicorn_access_log,
+        access_log_skip_paths=skip,
+        cors=CorsConfig(
+            allowed_origins=tuple(args.allowed_origins),
+            allowed_methods=tuple(args.allowed_methods),
+            allowed_headers=tuple(args.allowed_headers),
+            allow_credentials=args.allow_credentials,
+        ),
+        middleware=tuple(args.middleware),
     )
 
 
 def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
-    import uvicorn
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.utils.constants import H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
     from decode_server.access_log import configure as configure_logging
     from decode_server.app import build_app
     from decode_server.engine import Engine
-    from decode_server.server import Lifecycle, run
+    from decode_server.frontend_flags import log_flags_without_meaning
+    from decode_server.server import Lifecycle, run, uvicorn_config
 
     if args.model_tag is not None:
         args.model = args.model_tag
     elif args.model == parser_defaults["model"]:
         _apply_demo_defaults(args, parser_defaults)
+    validate_parsed_serve_args(args)
+    if args.tool_parser_plugin:
+        from vllm.tool_parsers import ToolParserManager
+
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    configure_logging((getattr(args, "log_level", None) or "info").lower(), args.log_format)
+    log_flags_without_meaning(args, parser_defaults)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
     app = build_app(lambda: Engine.start(engine_args, tokens_only=args.tokens_only), server_config(args), lifecycle)
-    level = (getattr(args, "log_level", None) or "info").lower()
-    configure_logging(level, args.log_format)
-    uv_config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        loop="uvloop",
-        log_level=level,
-        log_config=None,  # keep our handler/format for uvicorn's loggers too
-        access_log=False,  # our access line (decode_server.access) carries request ids and tokens
-        # The drain aborts what is left at the shutdown timeout; this only bounds a stuck connection.
-        timeout_graceful_shutdown=int(args.shutdown_timeout) + 10,
-        # Header limits as vLLM sets them (CVE-2025-48956).
-        h11_max_incomplete_event_size=H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT,
-    )
-    return run(uv_config, lifecycle)
+    return run(uvicorn_config(app, args), lifecycle)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,8 @@ class Metrics:
         )
         cpu = Gauge("decode_server_frontend_cpu_seconds", "CPU seconds used by this (API server) process", registry=r)
         cpu.set_function(time.process_time)
+        # Requests admitted and not yet answered (GET /load, as vLLM's server_load_metrics).
+        self.server_load = 0
         self._live = Gauge("decode_server_live_request_states", "Requests the server holds per-request state for", registry=r)
 
     def aborted(self, cause: str, count: int = 1) -> None:

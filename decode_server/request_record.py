@@ -13,8 +13,9 @@ from decode_server.metrics import Metrics
 
 
 class RequestRecord:
-    def __init__(self, metrics: Metrics):
+    def __init__(self, metrics: Metrics, access_log: bool = True):
         self.metrics = metrics
+        self.access_log = access_log
         self.started = time.monotonic()
         self.request_id: str | None = None
         self.output_mode = "unknown"
@@ -25,6 +26,7 @@ class RequestRecord:
         """The request is valid and its engine generator exists: it is in flight until `finish`."""
         self.request_id, self.output_mode, self._generation = request_id, output_mode, generation
         self.metrics.in_flight.labels(output_mode).inc()
+        self.metrics.server_load += 1
 
     def finish(self, status: int, reason: str | None = None) -> None:
         if self._finished:
@@ -40,10 +42,13 @@ class RequestRecord:
         ttft_s = None if stats is None or stats.first_token_at is None else stats.first_token_at - self.started
         if self._generation is not None:
             m.in_flight.labels(self.output_mode).dec()
+            m.server_load -= 1
             if ttft_s is not None:
                 m.ttft.labels(self.output_mode).observe(ttft_s)
             if "abort" in stats.finish_reasons:
                 m.aborted("engine_abort")
+        if not self.access_log:
+            return
         log_request(
             request_id=self.request_id,
             output_mode=self.output_mode,

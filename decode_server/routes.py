@@ -133,7 +133,8 @@ def _failed(record: RequestRecord, e: Exception) -> ServerError:
 
 async def generate(request: Request) -> Response:
     st = _state(request)
-    record = RequestRecord(st.metrics)
+    config = st.config
+    record = RequestRecord(st.metrics, config.access_log and request.url.path not in config.access_log_skip_paths)
     try:
         st.admit()
         req = decode_generate(await read_body(request, st.config.max_request_bytes), request.headers.get("x-request-id"))
@@ -227,6 +228,12 @@ async def metrics(request: Request) -> Response:
     st = _state(request)
     body, content_type = st.metrics.render(st.service.engine)
     return Response(body, media_type=content_type)
+
+
+async def load(request: Request) -> Response:
+    if not _state(request).config.load_tracking:
+        return json_response({"server_load": None})
+    return json_response({"server_load": _state(request).metrics.server_load})
 
 
 async def openapi(request: Request) -> Response:

@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 from sse_starlette.sse import AppStatus
 
-from decode_server.config import DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ENGINE_WATCH_INTERVAL_S
+from decode_server.config import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ENGINE_WATCH_INTERVAL_S
 
 log = logging.getLogger("decode_server.server")
 
@@ -99,6 +99,35 @@ class _DrainingServer(uvicorn.Server):
         captured = getattr(self, "_captured_signals", None)
         if isinstance(captured, list):
             captured.clear()
+
+
+def uvicorn_config(app: Any, args: Any) -> uvicorn.Config:
+    """uvicorn as `vllm serve` configures it, from the same flags."""
+    from vllm import envs
+
+    config = uvicorn.Config(
+        app,
+        host=DEFAULT_HOST if args.host is None else args.host,
+        port=args.port,
+        uds=args.uds,
+        root_path=args.root_path or "",
+        loop="uvloop",
+        log_level=args.uvicorn_log_level,
+        log_config=None,  # keep our handler/format for uvicorn's loggers too
+        access_log=False,  # our access line (decode_server.access) carries request ids and tokens
+        timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+        # The drain aborts what is left at the shutdown timeout; this only bounds a stuck connection.
+        timeout_graceful_shutdown=int(args.shutdown_timeout) + 10,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
+        ssl_ciphers=args.ssl_ciphers or "TLSv1",
+        # Header limits as vLLM sets them (CVE-2025-48956).
+        h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+    )
+    config.h11_max_header_count = args.h11_max_header_count
+    return config
 
 
 def run(config: uvicorn.Config, lifecycle: Lifecycle) -> int:

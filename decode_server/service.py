@@ -48,12 +48,7 @@ class GenerateService:
         self.config = config
         self.derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config)
         _ = self.derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
-        self.fingerprint = parser_fingerprint(
-            engine.tokenizer,
-            config.served_model_names[0],
-            config.derender.reasoning_parser,
-            config.derender.tool_call_parser,
-        )
+        self.fingerprint = parser_fingerprint(engine.tokenizer, config.served_model_names[0], config.derender)
 
     def check_fingerprint(self, sent: str | None) -> None:
         if sent is not None and sent != self.fingerprint:
@@ -85,6 +80,7 @@ class GenerateService:
             include_usage=bool(stream and opts and opts.include_usage),
             continuous_usage=bool(stream and opts and opts.include_usage and opts.continuous_usage_stats),
             return_token_ids=bool(req.return_token_ids),
+            prompt_tokens_details=self.config.prompt_tokens_details,
         )
         outputs = engine.generate(
             req.request_id,
@@ -110,7 +106,9 @@ class GenerateService:
             if req.output_mode == "tokens":
                 steps = with_integer_logprobs(steps, num_top)
             else:
-                steps = with_text_logprobs(steps, num_top, self.engine.tokenizer)
+                # --return-tokens-as-token-ids: `token_id:N` placeholders (no tokenizer), as vLLM.
+                tokenizer = None if self.config.return_tokens_as_token_ids else self.engine.tokenizer
+                steps = with_text_logprobs(steps, num_top, tokenizer)
         if plan is not None:
             steps = derender_stream(steps, plan, req.token_ids) if req.stream else derender_batch(steps, plan)
         return steps

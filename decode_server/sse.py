@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from decode_server.errors import describe
 from protocol.errors import error_body
@@ -39,5 +39,12 @@ def sse_response(
     first: Any, rest: AsyncIterator[Any], headers: dict[str, str] | None = None, keep_alive_s: float = 0
 ) -> EventSourceResponse:
     # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF); ping=0 sends no
-    # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval).
-    return EventSourceResponse(_framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s)
+    # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
+    # whose comment is `: keep-alive`).
+    return EventSourceResponse(
+        _framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s, ping_message_factory=_keep_alive
+    )
+
+
+def _keep_alive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keep-alive", sep="\n")

@@ -106,3 +106,10 @@ def abort_while_queued(url: str, body: dict[str, Any], max_num_seqs: int = 16) -
             return result
 
     return asyncio.run(run())
+
+
+async def tag_response(request: Any, call_next: Any) -> Any:
+    """An operator's `--middleware` (function form), for the frontend-flag tests."""
+    response = await call_next(request)
+    response.headers["x-operator-middleware"] = "seen"
+    return response

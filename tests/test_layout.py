@@ -14,6 +14,7 @@ MAX_FILE_LINES = 350
 FLOORS = {
     "decode_server": 1,
     "decode_server.config": 1,
+    "decode_server.frontend_flags": 1,
     "decode_server.errors": 2,
     "decode_server.access_log": 3,
     "decode_server.metrics": 3,

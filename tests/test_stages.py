@@ -17,7 +17,8 @@ from vllm.outputs import CompletionOutput, RequestOutput
 
 from decode_server.errors import EngineGenerationError
 from decode_server.pipeline.derender import derender_batch, derender_stream
-from decode_server.pipeline.derender_plan import DerenderPlan
+from decode_server.config import DerenderConfig
+from decode_server.pipeline.derender_plan import Derenderer
 from decode_server.pipeline.logprobs import with_integer_logprobs
 from decode_server.pipeline.steps import Step
 from decode_server.pipeline.tokens import token_steps
@@ -127,10 +128,10 @@ def test_withheld_token_ids_are_null_on_the_wire_but_still_counted_in_usage():
 
 
 def test_derender_without_a_parser_makes_the_text_the_content():
-    plan = DerenderPlan(derenderer=None, request=None, history_tool_call_cnt=0)  # type: ignore[arg-type]
+    plan = Derenderer(DerenderConfig(response_role="narrator"), tokenizer=None, model_config=None).plan(None, None)
     final = output(choice([11, 12], text="Hello,", finish="stop"), finished=True)
     (step,) = run(derender_batch(token_steps(_aiter([final]), keep_text_only=True), plan))
-    assert wire_json(step.choices[0].message) == {"role": "assistant", "content": "Hello,"}
+    assert wire_json(step.choices[0].message) == {"role": "narrator", "content": "Hello,"}, "--response-role"
     deltas = [output(choice([11], text="Hel")), output(choice([12], text="lo", finish="stop"), finished=True)]
     steps = run(derender_stream(token_steps(_aiter(deltas), keep_text_only=True), plan, PROMPT))
-    assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "assistant", "content": "Hel"}, {"content": "lo"}]
+    assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "narrator", "content": "Hel"}, {"content": "lo"}]

@@ -28,8 +28,6 @@ from protocol.chat import (
     ToolCall,
 )
 
-ROLE = "assistant"
-
 # ------------------------------------------------------------------ shapes
 
 
@@ -64,7 +62,7 @@ class _StreamState:
 async def derender_stream(steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int]) -> AsyncIterator[Step]:
     """Streaming: parse_delta per engine delta; a role-only chunk opens each choice."""
     if plan.request is None:
-        async for step in _plain_stream(steps):
+        async for step in _plain_stream(steps, plan):
             yield step
         return
     states: dict[int, _StreamState] = {}
@@ -75,7 +73,7 @@ async def derender_stream(steps: AsyncIterator[Step], plan: DerenderPlan, prompt
                 st = states.get(c.index)
                 if st is None:
                     st = states[c.index] = _StreamState(plan.new_parser())
-                    choices.append(role_step(c.index, DeltaMessage(role=ROLE, content="")))
+                    choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
                 _parse_delta(plan, st, c, prompt_token_ids)
                 choices.append(c)
             step.choices = choices
@@ -112,7 +110,7 @@ async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> Asyn
             if c.finish_reason is None:
                 continue
             if plan.request is None:
-                c.message = ChatMessage(role=ROLE, content=c.text)
+                c.message = ChatMessage(role=plan.role, content=c.text)
                 continue
             c.message, c.finish_reason = _assemble_message(plan, c.text, c.token_ids or [], c.finish_reason)
             if plan.hides_reasoning:
@@ -120,14 +118,14 @@ async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> Asyn
         yield step
 
 
-async def _plain_stream(steps: AsyncIterator[Step]) -> AsyncIterator[Step]:
+async def _plain_stream(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:
     """No parser configured: the text is the content."""
     started: set[int] = set()
     async for step in steps:
         for c in step.choices:
             if c.index not in started:
                 started.add(c.index)
-                c.delta = DeltaMessage(role=ROLE, content=c.text)
+                c.delta = DeltaMessage(role=plan.role, content=c.text)
             else:
                 c.delta = DeltaMessage(content=c.text) if c.text else _EMPTY_DELTA
         yield step
@@ -162,7 +160,7 @@ def _assemble_message(
     if req.parallel_tool_calls is False:
         tool_calls = tool_calls[:1]
     message = ChatMessage(
-        role=ROLE,
+        role=plan.role,
         content=content,
         reasoning=reasoning,
         tool_calls=[

@@ -127,6 +127,10 @@ class DerenderPlan:
     history_tool_call_cnt: int
 
     @property
+    def role(self) -> str:
+        return self.derenderer.config.response_role
+
+    @property
     def hides_reasoning(self) -> bool:
         return self.request is not None and self.request.include_reasoning is False
 
@@ -140,7 +144,7 @@ class DerenderPlan:
         parser = d.parser_cls(
             d.tokenizer,
             req.tools,
-            chat_template_kwargs=_effective_template_kwargs(req),
+            chat_template_kwargs=_effective_template_kwargs(req, d.config.default_chat_template_kwargs),
             model_config=d.model_config,
         )
         if self.history_tool_call_cnt:
@@ -154,8 +158,9 @@ class DerenderPlan:
         return parser
 
 
-def _effective_template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
-    kwargs = dict(req.chat_template_kwargs or {})
+def _effective_template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+    # --default-chat-template-kwargs sit under the request's own, as vLLM renders them.
+    kwargs = {**defaults, **(req.chat_template_kwargs or {})}
     effort = getattr(req, "reasoning_effort", None)
     if effort is not None and "enable_thinking" not in kwargs:
         kwargs["enable_thinking"] = effort != "none"

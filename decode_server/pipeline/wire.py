@@ -14,7 +14,7 @@ from typing import Any
 from vllm.entrypoints.generate.base.serving import clamp_prompt_logprobs
 
 from decode_server.pipeline.steps import ChoiceStep, Step
-from protocol.generate import MODE_TYPES, FinalStreamUsage, Usage, UsageChunk
+from protocol.generate import MODE_TYPES, FinalStreamUsage, PromptTokenUsage, Usage, UsageChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class WireContext:
     include_usage: bool = False
     continuous_usage: bool = False
     return_token_ids: bool = False
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: cached tokens in usage
 
 
 @dataclass(slots=True)
@@ -35,10 +36,14 @@ class RequestStats:
     completion_tokens: int = 0
     first_token_at: float | None = None  # time.monotonic()
     finish_reasons: list[str] = field(default_factory=list)
+    cached_tokens: int | None = None  # prefix-cache hits, as the engine reports them
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, cls: type = Usage) -> Any:
-    return cls(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + completion_tokens, completion_tokens=completion_tokens)
+def _usage(prompt_tokens: int, completion_tokens: int, cls: type = Usage, cached: int | None = None) -> Any:
+    usage = cls(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + completion_tokens, completion_tokens=completion_tokens)
+    if cached is not None:
+        usage.prompt_tokens_details = PromptTokenUsage(cached_tokens=cached)
+    return usage
 
 
 def _mode_fields(mode: str, c: ChoiceStep, batch: bool) -> dict[str, Any]:
@@ -70,6 +75,8 @@ async def stream_chunks(ctx: WireContext, steps: AsyncIterator[Step], stats: Req
         if first:
             first = False
             stats.prompt_tokens = len(step.output.prompt_token_ids or ())
+            if ctx.prompt_tokens_details:
+                stats.cached_tokens = step.output.num_cached_tokens
             if ctx.return_token_ids:
                 prompt_ids = list(step.output.prompt_token_ids or ())
         for c in step.choices:
@@ -91,7 +98,7 @@ async def stream_chunks(ctx: WireContext, steps: AsyncIterator[Step], stats: Req
     if ctx.include_usage:
         yield UsageChunk(
             request_id=ctx.request_id,
-            usage=_usage(stats.prompt_tokens, sum(generated.values()), FinalStreamUsage),
+            usage=_usage(stats.prompt_tokens, sum(generated.values()), FinalStreamUsage, stats.cached_tokens),
             output_mode=ctx.output_mode,
             choices=[],
         )
@@ -112,12 +119,14 @@ async def batch_response(ctx: WireContext, steps: AsyncIterator[Step], stats: Re
     stats.completion_tokens = sum(c.num_tokens for c in ordered)
     stats.finish_reasons = [c.finish_reason or "stop" for c in ordered]
     stats.first_token_at = _first_token_at(out) if stats.completion_tokens else None
+    if ctx.prompt_tokens_details:
+        stats.cached_tokens = out.num_cached_tokens
     types = MODE_TYPES[ctx.output_mode]
     return types.response(
         request_id=ctx.request_id,
         model=ctx.model,
         created=int(time.time()),
-        usage=_usage(stats.prompt_tokens, stats.completion_tokens),
+        usage=_usage(stats.prompt_tokens, stats.completion_tokens, cached=stats.cached_tokens),
         prompt_logprobs=clamp_prompt_logprobs(out.prompt_logprobs),
         prompt_token_ids=list(out.prompt_token_ids or ()) if ctx.return_token_ids else None,
         kv_transfer_params=out.kv_transfer_params,
