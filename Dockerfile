@@ -1,4 +1,4 @@
-# decode-server on NVIDIA GPUs: vLLM 0.32.0 (CUDA 13 wheels) + NIXL for disaggregated KV transfer.
+# decode-server on NVIDIA GPUs: vLLM 0.32.0 (CUDA 13 wheels) + NIXL (CUDA 13 build) for disaggregated KV transfer.
 #   docker build -t decode-server:0.1.0 .
 #   docker run --gpus all -p 8000:8000 decode-server:0.1.0                     # the demo model
 #   docker run --gpus all -p 8000:8000 decode-server:0.1.0 Qwen/Qwen3-8B \
@@ -23,8 +23,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 
-# vLLM first (the heavy, rarely changing layer). nixl: the NixlConnector's transfer library.
-RUN pip install "vllm==0.32.0" "nixl==1.5.2"
+# vLLM first (the heavy, rarely changing layer), pinned in deploy/images/gpu/ (tests/test_images_resolve.py
+# resolves those files): vllm, exactly one NIXL CUDA build (cu13, as vLLM's torch), then NIXL's meta
+# package without its dependencies (it would add the CUDA 12 build too).
+COPY deploy/images/gpu/ /tmp/requirements/
+RUN pip install -r /tmp/requirements/requirements.txt \
+ && pip install --no-deps -r /tmp/requirements/no-deps.txt \
+ && rm -rf /tmp/requirements
 
 COPY pyproject.toml README.md /src/
 COPY decode_server /src/decode_server
@@ -48,4 +53,6 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
     CMD ["sh", "-c", "curl -fsS http://127.0.0.1:8000/health || exit 1"]
 # With no MODEL argument the server builds and serves its demo model (random weights).
 # --host 0.0.0.0 so the port is reachable from outside the container (the CLI default is loopback).
+# Exec form, no shell: the server is PID 1 and gets SIGTERM itself (docker stop, Kubernetes), which
+# starts its drain.
 ENTRYPOINT ["decode-server", "serve", "--host", "0.0.0.0"]
