@@ -37,6 +37,9 @@ def _routes(config: ServerConfig) -> list[Route]:
     ]
     if config.openapi:
         table.append(Route("/openapi.json", routes.openapi, methods=["GET"]))
+    if config.runtime_lora_updating:
+        table.append(Route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"]))
+        table.append(Route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"]))
     return table
 
 
@@ -78,6 +81,11 @@ def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecy
         engine = engine_factory()
         engine.start_stats_logging()
         state.service = GenerateService(engine, config)
+        try:
+            await state.service.models.start()  # --lora-modules into the engine; one that fails fails the start
+        except BaseException:
+            engine.shutdown()
+            raise
         state.started_at = routes.started_now()
         lifecycle.attach(engine, state.metrics)
         try:

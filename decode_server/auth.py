@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from protocol.errors import error_body
 
-GUARDED_PREFIXES = ("/inference/", "/abort_requests")
+GUARDED_PREFIXES = ("/inference/", "/abort_requests", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 _UNAUTHORIZED = msgspec.json.encode(error_body(401, "missing or wrong API key (send 'Authorization: Bearer <key>')"))
 
 

@@ -101,6 +101,8 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
+    from vllm import envs
+
     skip = frozenset(p.strip() for p in (args.disable_access_log_for_endpoints or "").split(",") if p.strip())
     return ServerConfig(
         served_model_names=tuple(args.served_model_name or [args.model]),
@@ -129,6 +131,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             allow_credentials=args.allow_credentials,
         ),
         middleware=tuple(args.middleware),
+        lora_modules=tuple(args.lora_modules or ()),
+        runtime_lora_updating=bool(envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING),
     )
 
 

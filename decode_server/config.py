@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,19 @@ ENGINE_DEATH_GRACE_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 0.5
 STATS_LOG_INTERVAL_S = 10.0
 RETRY_AFTER_S = 1
+# Transport bounds, from the environment as vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (0: off).
+# A request head (request line + headers) must be complete this long after the connection opens,
+# or after the first byte of a kept-alive connection's next request; else the connection is closed.
+REQUEST_HEAD_TIMEOUT_S = float(os.environ.get("DECODE_SERVER_REQUEST_HEAD_TIMEOUT_S", "10"))
+# A stream whose client reads nothing for this long (every buffer full) is cut and aborted (499).
+STREAM_SEND_TIMEOUT_S = float(os.environ.get("DECODE_SERVER_STREAM_SEND_TIMEOUT_S", "60"))
+# An abort naming an id this server does not hold (yet) is remembered this long, so a request
+# still being read or processed when its abort arrives is aborted as soon as it starts.
+EARLY_ABORT_TTL_S = 2.0
+EARLY_ABORT_MAX_IDS = 10_000
+# Request ids travel in the X-Request-Id header: bounded and printable.
+MAX_REQUEST_ID_CHARS = 256
+MAX_JSON_DEPTH = 64
 # The demo model: the host-memory KV cache default would reserve most of the machine for a toy.
 DEMO_KV_CACHE_BYTES = 512 * 1024 * 1024
 DEMO_MAX_MODEL_LEN = 16384
@@ -58,3 +72,7 @@ class ServerConfig:
     access_log_skip_paths: frozenset[str] = frozenset()
     cors: CorsConfig = field(default_factory=CorsConfig)
     middleware: tuple[str, ...] = ()  # import paths of extra ASGI middleware (--middleware)
+    # --lora-modules (vLLM's LoRAModulePath list); served as models named by the adapter.
+    lora_modules: tuple[Any, ...] = ()
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter.
+    runtime_lora_updating: bool = False

@@ -10,20 +10,48 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.inputs import TokensPrompt
+from vllm.inputs.engine import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from decode_server.config import STATS_LOG_INTERVAL_S
+from decode_server.config import EARLY_ABORT_MAX_IDS, EARLY_ABORT_TTL_S, STATS_LOG_INTERVAL_S
 
 log = logging.getLogger("decode_server.engine")
+
+
+class _RecentIds:
+    """Ids noted in the last `ttl_s` seconds, at most `cap` of them (the oldest go first)."""
+
+    def __init__(self, ttl_s: float, cap: int):
+        self.ttl_s, self.cap = ttl_s, cap
+        self._at: dict[str, float] = {}
+
+    def add(self, key: str) -> None:
+        self._at.pop(key, None)
+        self._at[key] = time.monotonic()
+        self._prune()
+
+    def pop(self, key: str) -> bool:
+        self._prune()
+        return self._at.pop(key, None) is not None
+
+    def __contains__(self, key: object) -> bool:
+        self._prune()
+        return key in self._at
+
+    def _prune(self) -> None:
+        at, cutoff = self._at, time.monotonic() - self.ttl_s
+        while at and (len(at) > self.cap or next(iter(at.values())) < cutoff):
+            del at[next(iter(at))]
 
 
 @dataclass(frozen=True)
@@ -52,6 +80,11 @@ class Engine:
         )
         self.generation_defaults = generation_defaults
         self._live: dict[str, set[str]] = {}
+        # Aborts that found no live request (it may still be in transit), and ids just finished
+        # (an abort after the end is late, not early: a retry with the same id must run).
+        self._early_aborts = _RecentIds(EARLY_ABORT_TTL_S, EARLY_ABORT_MAX_IDS)
+        self._finished = _RecentIds(EARLY_ABORT_TTL_S, EARLY_ABORT_MAX_IDS)
+        self._abort_tasks: set[asyncio.Task] = set()
         self._seq = itertools.count()
         self._stats_task: asyncio.Task | None = None
 
@@ -94,8 +127,8 @@ class Engine:
     # ------------------------------------------------------------ requests
 
     def live_request_count(self) -> int:
-        """Caller requests the server still holds state for (should drop to 0 when idle)."""
-        return len(self._live)
+        """Engine requests the server still holds state for (should drop to 0 when idle)."""
+        return len({eid for ids in self._live.values() for eid in ids})
 
     async def generate(
         self,
@@ -103,18 +136,28 @@ class Engine:
         token_ids: list[int],
         sampling_params: SamplingParams,
         *,
+        aliases: tuple[str, ...] = (),
         cache_salt: str | None = None,
         priority: int = 0,
         reasoning_ended: bool | None = None,
         reasoning_parser_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        data_parallel_rank: int | None = None,
+        session_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Run one request; the registry entry lives exactly as long as this generator."""
         # A per-process sequence keeps engine ids unique when callers reuse an id.
         engine_id = f"decode-{next(self._seq)}-{caller_id}"
-        prompt = TokensPrompt(prompt_token_ids=token_ids)
-        if cache_salt is not None:
-            prompt["cache_salt"] = cache_salt
-        self._live.setdefault(caller_id, set()).add(engine_id)
+        # Rendered input, as vLLM's generate hands it over: AsyncLLM processes it inline instead of
+        # queueing a raw prompt on its renderer executor (one worker: a serialisation point).
+        prompt = tokens_input(token_ids, cache_salt=cache_salt)
+        # Abort finds the request by the id the caller sent or by any alias the response showed.
+        names = (caller_id, *aliases)
+        for name in names:
+            self._live.setdefault(name, set()).add(engine_id)
+        if any([self._early_aborts.pop(name) for name in names]):  # its abort came first
+            self._abort_when_admitted(caller_id, engine_id)
         try:
             async for output in self.llm.generate(
                 prompt,
@@ -123,21 +166,58 @@ class Engine:
                 priority=priority,
                 reasoning_ended=reasoning_ended,
                 reasoning_parser_kwargs=reasoning_parser_kwargs,
+                lora_request=lora_request,
+                trace_headers=trace_headers,
+                data_parallel_rank=data_parallel_rank,
+                session_id=session_id,
             ):
                 yield output
         finally:
-            ids = self._live.get(caller_id)
-            if ids is not None:
-                ids.discard(engine_id)
-                if not ids:
-                    del self._live[caller_id]
+            for name in names:
+                ids = self._live.get(name)
+                if ids is not None:
+                    ids.discard(engine_id)
+                    if not ids:
+                        del self._live[name]
+                self._finished.add(name)
 
     async def abort(self, caller_ids: list[str]) -> list[str]:
-        """Abort by the caller's ids; unknown ids are ignored. Returns the engine ids aborted."""
-        engine_ids = [eid for cid in caller_ids for eid in self._live.get(cid, ())]
-        if engine_ids:
-            await self.llm.abort(engine_ids)
+        """Abort by the caller's ids. Returns the engine ids aborted. An id with no live request
+        (nor one just finished) is remembered for EARLY_ABORT_TTL_S: its request may still be in
+        transit, and is then aborted as soon as it registers."""
+        engine_ids = list(dict.fromkeys(eid for cid in caller_ids for eid in self._live.get(cid, ())))
+        for cid in caller_ids:
+            if cid not in self._live and cid not in self._finished:
+                self._early_aborts.add(cid)
+        admitted = [eid for eid in engine_ids if self._admitted(eid)]
+        for eid in engine_ids:
+            if eid not in admitted:
+                self._abort_when_admitted(next(c for c in caller_ids if eid in self._live.get(c, ())), eid)
+        if admitted:
+            await self.llm.abort(admitted)
         return engine_ids
+
+    def _admitted(self, engine_id: str) -> bool:
+        """Whether vLLM holds the request yet: it drops an abort of one still in input processing."""
+        known = getattr(getattr(self.llm, "output_processor", None), "external_req_ids", None)
+        return known is None or engine_id in known
+
+    def _abort_when_admitted(self, name: str, engine_id: str) -> None:
+        """Abort `engine_id` the moment vLLM admits it (or forget it if it ends first)."""
+
+        async def wait_then_abort() -> None:
+            try:
+                while not self._admitted(engine_id):
+                    if engine_id not in self._live.get(name, ()):
+                        return
+                    await asyncio.sleep(0.005)
+                await self.llm.abort([engine_id])
+            except Exception:
+                log.warning("could not abort request %s", engine_id, exc_info=True)
+
+        task = asyncio.ensure_future(wait_then_abort())
+        self._abort_tasks.add(task)
+        task.add_done_callback(self._abort_tasks.discard)
 
     async def abort_all(self) -> list[str]:
         return await self.abort(list(self._live))

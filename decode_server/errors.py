@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from starlette.requests import ClientDisconnect
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.exceptions import VLLMError
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -67,7 +68,8 @@ def describe(e: BaseException) -> ServerError:
     """The ServerError for anything a running request raised."""
     if isinstance(e, ServerError):
         return e
-    if isinstance(e, ClientDisconnected):
+    # Starlette's: the client left while its body was being read.
+    if isinstance(e, (ClientDisconnected, ClientDisconnect)):
         return ServerError("client disconnected", status=499, reason="client_disconnect")
     if isinstance(e, EngineDeadError) or isinstance(e.__cause__, EngineDeadError):
         return engine_dead()

@@ -51,13 +51,13 @@ IMPLEMENTED: dict[str, str] = {
     "h11_max_incomplete_event_size": "h11 header limit (CVE-2025-48956)",
     "h11_max_header_count": "h11 header count limit",
     "enable_scale_out": "accepted; the generate endpoints are always served here",
+    "lora_modules": "LoRA adapters (`name=path` or JSON) served as models: a request's `model` picks one (with `--enable-lora`)",
 }
 
 NO_MEANING: dict[str, str] = {
     "headless": "there is no engine-only mode: this server is the API server",
     "grpc": "no gRPC frontend; HTTP only",
     "grpc_port": "no gRPC frontend; HTTP only",
-    "lora_modules": "LoRA adapters are not served yet; requests naming one get 404",
     "chat_template_content_format": "no chat rendering here (the render tier renders)",
     "trust_request_chat_template": "no chat rendering here (the render tier renders)",
     "trust_request_mm_kwargs": "multimodal input is refused with 400",

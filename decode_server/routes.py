@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from starlette.requests import Request
+from vllm.utils import random_uuid
 from starlette.responses import Response
+from vllm.entrypoints.generate.base.serving import GenerateBaseServing
+from vllm.tracing.utils import contains_trace_headers, extract_trace_headers
 
 from decode_server import __version__
 from decode_server.config import ServerConfig
@@ -25,11 +29,17 @@ from decode_server.openapi import openapi_document
 from decode_server.request_record import RequestRecord
 from decode_server.service import GenerateService
 from decode_server.sse import sse_response
+from decode_server.validate import (
+    forbid_deep_json,
+    forbid_invalid_cache_salt,
+    forbid_invalid_raw_cache_salt,
+    forbid_unreadable_request_id,
+)
 from protocol.errors import error_body
-from protocol.generate import AbortRequest, GenerateRequest, new_request_id
+from protocol.generate import MAX_IGNORED_FIELDS, AbortRequest, GenerateRequest, decode_generate_request
 
+log = logging.getLogger("decode_server.routes")
 _encoder = msgspec.json.Encoder()
-_request_decoder = msgspec.json.Decoder(GenerateRequest)
 _abort_decoder = msgspec.json.Decoder(AbortRequest)
 
 
@@ -79,16 +89,38 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def decode_generate(body: bytes, header_request_id: str | None) -> GenerateRequest:
+def decode_generate(body: bytes, header_request_id: str | None, metrics: Metrics) -> GenerateRequest:
+    """Decode as vLLM's pydantic model would (lax types, unknown fields ignored), name the request."""
+    forbid_deep_json(body)
     try:
-        req = _request_decoder.decode(body)
+        req, ignored = decode_generate_request(body)
     except msgspec.ValidationError as e:
-        raise Rejected(f"invalid request: {e}", reason="invalid_field") from e
+        forbid_invalid_raw_cache_salt(body)  # vLLM checks it before the schema
+        # "Bad Request" is the type vLLM's schema errors carry (FastAPI's validation handler).
+        raise Rejected(f"invalid request: {e}", reason="invalid_field", error_type="Bad Request") from e
     except msgspec.DecodeError as e:
-        raise Rejected(f"request body is not valid JSON: {e}", reason="invalid_json") from e
-    if req.request_id is msgspec.UNSET:
-        req.request_id = header_request_id or new_request_id()
+        raise Rejected(f"request body is not valid JSON: {e}", reason="invalid_json", error_type="Bad Request") from e
+    for path in ignored:
+        _note_ignored_field(path, metrics)
+    # As vLLM: the X-Request-Id header names the request, else the body's request_id, else a new id.
+    if header_request_id is not None:
+        req.request_id = header_request_id
+    elif req.request_id is msgspec.UNSET:
+        req.request_id = random_uuid()
+    forbid_unreadable_request_id(req.request_id)
+    forbid_invalid_cache_salt(req.cache_salt)  # before the model check, as vLLM's before-validator
     return req
+
+
+_ignored_seen: set[str] = set()
+
+
+def _note_ignored_field(path: str, metrics: Metrics) -> None:
+    """Visible, not fatal: a counter per field, and one log line the first time a field is seen."""
+    metrics.unknown_fields.labels(path).inc()
+    if path not in _ignored_seen and len(_ignored_seen) < MAX_IGNORED_FIELDS:
+        _ignored_seen.add(path)
+        log.warning("ignoring the unknown request field %r (the sender is newer than this server?)", path)
 
 
 async def until_disconnect(request: Request, work: Any) -> Any:
@@ -137,7 +169,8 @@ async def generate(request: Request) -> Response:
     record = RequestRecord(st.metrics, config.access_log and request.url.path not in config.access_log_skip_paths)
     try:
         st.admit()
-        req = decode_generate(await read_body(request, st.config.max_request_bytes), request.headers.get("x-request-id"))
+        body = await read_body(request, st.config.max_request_bytes)
+        req = decode_generate(body, request.headers.get("x-request-id"), st.metrics)
     except Exception as e:
         raise _failed(record, e) from e
     record.request_id, record.output_mode = req.request_id, req.output_mode
@@ -150,10 +183,21 @@ async def generate(request: Request) -> Response:
         raise error from e
 
 
+def _engine_headers(request: Request) -> dict[str, Any]:
+    """What vLLM's generate reads from the headers for the engine: W3C trace context
+    (`traceparent`, `tracestate`), `X-data-parallel-rank` and `X-Session-ID`, with vLLM's own readers."""
+    headers = request.headers
+    return {
+        "trace_headers": extract_trace_headers(headers) if contains_trace_headers(headers) else None,
+        "data_parallel_rank": GenerateBaseServing._get_data_parallel_rank(request),
+        "session_id": GenerateBaseServing._get_session_id_from_headers(request),
+    }
+
+
 async def _answer(request: Request, st: AppState, record: RequestRecord, req: GenerateRequest) -> Response:
     service = st.service
     service.check_fingerprint(request.headers.get(FINGERPRINT_HEADER))
-    generation = service.prepare(req)
+    generation = await service.prepare(req, **_engine_headers(request))
     record.admitted(req.request_id, req.output_mode, generation)
     headers = {"x-request-id": req.request_id, FINGERPRINT_HEADER: service.fingerprint}
     if generation.stream:
@@ -215,7 +259,24 @@ async def models(request: Request) -> Response:
         }
         for name in st.config.served_model_names
     ]
+    # The LoRA adapters, as vLLM lists them (`root` the adapter path, `parent` the base model).
+    adapters = await st.service.models.adapter_cards()
+    data += [{**card, "created": st.started_at, "owned_by": "decode-server"} for card in adapters]
     return json_response({"object": "list", "data": data})
+
+
+async def load_lora_adapter(request: Request) -> Response:
+    """vLLM's `POST /v1/load_lora_adapter` (`lora_name`, `lora_path`); only with
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM."""
+    st = _state(request)
+    answer = await st.service.models.load(await read_body(request, st.config.max_request_bytes))
+    return Response(answer, status_code=200)
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    st = _state(request)
+    answer = await st.service.models.unload(await read_body(request, st.config.max_request_bytes))
+    return Response(answer, status_code=200)
 
 
 async def version(request: Request) -> Response:

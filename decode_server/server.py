@@ -13,8 +13,10 @@ from typing import Any
 
 import uvicorn
 from sse_starlette.sse import AppStatus
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from decode_server.config import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ENGINE_WATCH_INTERVAL_S
+from decode_server.config import REQUEST_HEAD_TIMEOUT_S
 
 log = logging.getLogger("decode_server.server")
 
@@ -101,6 +103,46 @@ class _DrainingServer(uvicorn.Server):
             captured.clear()
 
 
+class _HeadTimeoutProtocol(AutoHTTPProtocol):
+    """uvicorn's HTTP protocol (httptools, else h11) plus a bound uvicorn lacks: a request head must
+    be complete REQUEST_HEAD_TIMEOUT_S after the connection opens, or after the first byte of a
+    kept-alive connection's next request, else the connection is closed. (uvicorn times out only
+    idle kept-alive connections; a client sending its headers byte by byte would be held forever.)"""
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self._between_requests():
+            self._arm_head_timer()
+        super().data_received(data)
+        if self._head_timer is not None and not self._between_requests():
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm_head_timer(self) -> None:
+        if REQUEST_HEAD_TIMEOUT_S > 0:
+            self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._between_requests() and not self.transport.is_closing():
+            log.debug("closing a connection whose request head took over %.0f s", REQUEST_HEAD_TIMEOUT_S)
+            self.transport.close()
+
+
 def uvicorn_config(app: Any, args: Any) -> uvicorn.Config:
     """uvicorn as `vllm serve` configures it, from the same flags."""
     from vllm import envs
@@ -112,6 +154,7 @@ def uvicorn_config(app: Any, args: Any) -> uvicorn.Config:
         uds=args.uds,
         root_path=args.root_path or "",
         loop="uvloop",
+        http=_HeadTimeoutProtocol,
         log_level=args.uvicorn_log_level,
         log_config=None,  # keep our handler/format for uvicorn's loggers too
         access_log=False,  # our access line (decode_server.access) carries request ids and tokens

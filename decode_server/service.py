@@ -9,19 +9,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import SamplingParams
+
 from decode_server.config import ServerConfig
 from decode_server.engine import Engine
 from decode_server.errors import Rejected
 from decode_server.fingerprint import HEADER as FINGERPRINT_HEADER
 from decode_server.fingerprint import parser_fingerprint
+from decode_server.lora import Models
 from decode_server.pipeline.derender import derender_batch, derender_stream
 from decode_server.pipeline.derender_plan import DerenderPlan, Derenderer
-from decode_server.pipeline.logprobs import with_integer_logprobs, with_text_logprobs
+from decode_server.pipeline.logprobs import chat_top_count, with_integer_logprobs, with_text_logprobs
 from decode_server.pipeline.steps import Step
 from decode_server.pipeline.tokens import token_steps
 from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
 from decode_server.validate import build_sampling_params
 from protocol.generate import GenerateRequest
+
+
+def wire_request_id(caller_id: str) -> str:
+    return f"generate-tokens-{caller_id}"
 
 
 class Generation:
@@ -49,6 +57,7 @@ class GenerateService:
         self.derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config)
         _ = self.derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
         self.fingerprint = parser_fingerprint(engine.tokenizer, config.served_model_names[0], config.derender)
+        self.models = Models(engine.llm, config.served_model_names, config.lora_modules, config.runtime_lora_updating)
 
     def check_fingerprint(self, sent: str | None) -> None:
         if sent is not None and sent != self.fingerprint:
@@ -60,12 +69,14 @@ class GenerateService:
                 reason="fingerprint_mismatch",
             )
 
-    def check_model(self, req: GenerateRequest) -> None:
-        if req.model is not None and req.model not in self.config.served_model_names:
-            raise Rejected(f"The model `{req.model}` does not exist.", status=404, param="model", reason="unknown_model")
+    async def check_model(self, req: GenerateRequest) -> LoRARequest | None:
+        """The adapter `model` names (None: the base model, also for "" or absent); unknown: 404."""
+        return await self.models.resolve(req.model)
 
-    def prepare(self, req: GenerateRequest) -> Generation:
-        self.check_model(req)
+    async def prepare(self, req: GenerateRequest, **engine_headers: Any) -> Generation:
+        """`engine_headers`: what vLLM's generate reads from the request's headers for the engine
+        (`trace_headers`, `data_parallel_rank`, `session_id`), passed to `Engine.generate`."""
+        lora = await self.check_model(req)
         engine = self.engine
         sp = build_sampling_params(
             req, engine.limits, tokens_only=self.config.tokens_only, generation_defaults=engine.generation_defaults
@@ -74,8 +85,9 @@ class GenerateService:
         stream = bool(req.stream)
         opts = req.stream_options
         ctx = WireContext(
-            request_id=req.request_id,
-            model=self.config.served_model_names[0],
+            # vLLM's generate answers with its own engine id for the request.
+            request_id=wire_request_id(req.request_id),
+            model=self.models.model_name(lora),
             output_mode=req.output_mode,
             include_usage=bool(stream and opts and opts.include_usage),
             continuous_usage=bool(stream and opts and opts.include_usage and opts.continuous_usage_stats),
@@ -86,6 +98,7 @@ class GenerateService:
             req.request_id,
             req.token_ids,
             sp,
+            aliases=(ctx.request_id,),
             cache_salt=req.cache_salt,
             priority=req.priority,
             reasoning_ended=req.reasoning_ended,
@@ -94,20 +107,26 @@ class GenerateService:
                 if req.reasoning_parser_kwargs is not None
                 else None
             ),
+            lora_request=lora,
+            **engine_headers,
         )
-        steps = self._stages(token_steps(outputs, keep_text_only=req.output_mode != "tokens"), req, sp.logprobs, plan)
+        steps = self._stages(token_steps(outputs, keep_text_only=req.output_mode != "tokens"), req, sp, plan)
         return Generation(ctx, steps, stream)
 
     def _stages(
-        self, steps: AsyncIterator[Step], req: GenerateRequest, num_top: int | None, plan: DerenderPlan | None
+        self, steps: AsyncIterator[Step], req: GenerateRequest, sp: SamplingParams, plan: DerenderPlan | None
     ) -> AsyncIterator[Step]:
         """Stack only the stages this request needs, in the pipeline's order."""
-        if num_top is not None:
+        num_top = sp.logprobs
+        # --return-tokens-as-token-ids: `token_id:N` placeholders (no tokenizer), as vLLM.
+        tokenizer = None if self.config.return_tokens_as_token_ids else self.engine.tokenizer
+        if req.output_mode == "derender" and (num_top is not None or sp.logprob_token_ids):
+            # The derender level answers as coupled chat: chat's top-k cut.
+            steps = with_text_logprobs(steps, num_top, tokenizer, chat_top_count(num_top, bool(sp.logprob_token_ids)))
+        elif num_top is not None:
             if req.output_mode == "tokens":
                 steps = with_integer_logprobs(steps, num_top)
             else:
-                # --return-tokens-as-token-ids: `token_id:N` placeholders (no tokenizer), as vLLM.
-                tokenizer = None if self.config.return_tokens_as_token_ids else self.engine.tokenizer
                 steps = with_text_logprobs(steps, num_top, tokenizer)
         if plan is not None:
             steps = derender_stream(steps, plan, req.token_ids) if req.stream else derender_batch(steps, plan)

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError, ServerSentEvent
 
+from decode_server.config import STREAM_SEND_TIMEOUT_S
 from decode_server.errors import describe
 from protocol.errors import error_body
 
@@ -41,9 +42,21 @@ def sse_response(
     # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF); ping=0 sends no
     # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
     # whose comment is `: keep-alive`).
-    return EventSourceResponse(
-        _framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s, ping_message_factory=_keep_alive
+    return _Stream(
+        _framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s, ping_message_factory=_keep_alive,
+        send_timeout=STREAM_SEND_TIMEOUT_S or None,
     )
+
+
+class _Stream(EventSourceResponse):
+    """A client that reads nothing for STREAM_SEND_TIMEOUT_S (every buffer full) is cut: the chunks
+    are closed (the engine request is aborted, the access line says 499), uvicorn drops the socket."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.warning("stream cut: its client read nothing for %.0f s", STREAM_SEND_TIMEOUT_S)
 
 
 def _keep_alive() -> ServerSentEvent:

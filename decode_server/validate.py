@@ -10,9 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from vllm.entrypoints.generate.base.protocol import validate_cache_salt
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+from decode_server.config import MAX_JSON_DEPTH, MAX_REQUEST_ID_CHARS
 from decode_server.engine import EngineLimits
 from decode_server.errors import Rejected
 from protocol.generate import GenerateRequest
@@ -51,6 +54,7 @@ def forbid_text_levels_without_detokenize(req: GenerateRequest, provided: dict[s
             f"output_mode={req.output_mode!r} requires sampling_params.detokenize to be true",
             param="sampling_params.detokenize",
             reason="detokenize_false",
+            error_type="Bad Request",  # vLLM checks it in its request model's validator
         )
 
 
@@ -89,6 +93,8 @@ def forbid_n_above_max_num_seqs(n: int, limits: EngineLimits) -> None:
 
 
 def forbid_logprobs_above_server_max(sp: SamplingParams, limits: EngineLimits) -> None:
+    if limits.max_logprobs == -1:
+        return  # --max-logprobs -1: no cap (vLLM)
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(sp, name)
         if value is not None and value > limits.max_logprobs:
@@ -99,9 +105,9 @@ def forbid_logprobs_above_server_max(sp: SamplingParams, limits: EngineLimits) -
             )
 
 
-def forbid_prompt_plus_max_tokens_beyond_context(
-    prompt_len: int, max_tokens: int | None, limits: EngineLimits
-) -> None:
+def forbid_prompt_without_room_for_output(prompt_len: int, limits: EngineLimits) -> None:
+    # An explicit max_tokens beyond the room left is not an error (as vLLM): the engine stops
+    # at the context length with finish_reason "length".
     if prompt_len >= limits.max_model_len:
         raise Rejected(
             f"the prompt has {prompt_len} tokens; this model's context length is {limits.max_model_len}, "
@@ -109,20 +115,82 @@ def forbid_prompt_plus_max_tokens_beyond_context(
             param="token_ids",
             reason="prompt_too_long",
         )
-    if max_tokens is not None and prompt_len + max_tokens > limits.max_model_len:
+
+
+def forbid_invalid_cache_salt(cache_salt: Any) -> None:
+    """vLLM's own rule (a non-empty string, length, no path characters), with its message."""
+    try:
+        validate_cache_salt(cache_salt)
+    except VLLMValidationError as e:
+        raise Rejected(str(e), param="cache_salt", reason="invalid_cache_salt") from e
+
+
+def forbid_invalid_raw_cache_salt(body: bytes) -> None:
+    """On a body that failed the schema: vLLM names a bad cache_salt first (a before-validator)."""
+    try:
+        raw = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return
+    if isinstance(raw, dict) and "cache_salt" in raw:
+        forbid_invalid_cache_salt(raw["cache_salt"])
+
+
+def forbid_prompt_logprob_token_ids_in_streams(req: GenerateRequest, provided: dict[str, Any]) -> None:
+    # The stream chunk has no field for the scores (vLLM's message).
+    if req.stream and provided.get("prompt_logprob_token_ids") is not None:
         raise Rejected(
-            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
-            f"exceeds the model's context length ({limits.max_model_len})",
-            param="sampling_params.max_tokens",
-            reason="context_length_exceeded",
+            "prompt_logprob_token_ids are not available when stream=true.",
+            param="sampling_params.prompt_logprob_token_ids",
+            reason="prompt_logprob_token_ids_in_stream",
         )
+
+
+def forbid_unreadable_request_id(request_id: str) -> None:
+    """The id is echoed in the X-Request-Id header: bounded, printable ASCII."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS or not all(" " <= ch <= "~" for ch in request_id):
+        raise Rejected(
+            f"request_id (or X-Request-Id) must be at most {MAX_REQUEST_ID_CHARS} printable ASCII characters",
+            param="request_id",
+            reason="invalid_request_id",
+        )
+
+
+def forbid_deep_json(body: bytes) -> None:
+    """Nesting beyond MAX_JSON_DEPTH is refused before decoding (a deep `extra_args` would otherwise
+    exhaust the recursion limit somewhere downstream)."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return  # cannot be that deep: the common case costs two C-level scans
+    depth = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise Rejected(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", reason="json_too_deep")
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
 
 
 def vllm_sampling_params(provided: dict[str, Any]) -> SamplingParams:
     """vLLM's own SamplingParams from the caller's keys; its validation message is surfaced as is."""
+    # vLLM's pydantic field takes nested lists for this ndarray-typed field; msgspec cannot.
+    score_ids = provided.pop("prompt_logprob_token_ids", None)
     try:
-        return msgspec.convert(provided, SamplingParams, strict=False)
-    except (msgspec.ValidationError, ValueError, TypeError) as e:
+        sp = msgspec.convert(provided, SamplingParams, strict=False)
+        sp.prompt_logprob_token_ids = score_ids
+        return sp
+    except msgspec.ValidationError as e:  # a type error in the schema: vLLM's "Bad Request"
+        raise Rejected(str(e), param="sampling_params", reason="sampling_params", error_type="Bad Request") from e
+    except (ValueError, TypeError) as e:
         param = getattr(e, "parameter", None)
         raise Rejected(str(e), param=f"sampling_params.{param}" if param else "sampling_params", reason="sampling_params") from e
 
@@ -133,6 +201,12 @@ def forbid_params_the_engine_cannot_carry(sp: SamplingParams, req: GenerateReque
         msgspec.msgpack.encode((sp, req.kv_transfer_params, req.ec_transfer_params))
     except (OverflowError, TypeError, ValueError) as e:
         raise Rejected(f"sampling_params or transfer params cannot be sent to the engine: {e}", reason="unencodable") from e
+
+
+def _text_is_unobservable(req: GenerateRequest, sp: SamplingParams) -> bool:
+    """At the tokens level nothing on the wire needs the engine's incremental detokenizer unless
+    stop strings are matched or prompt logprobs carry decoded tokens: skip that per-token work."""
+    return req.output_mode == "tokens" and not sp.stop and sp.prompt_logprobs is None
 
 
 def build_sampling_params(
@@ -150,6 +224,7 @@ def build_sampling_params(
     forbid_text_levels_without_detokenize(req, provided)
     forbid_stop_strings_without_tokenizer(provided, limits)
     forbid_chat_request_outside_derender(req)
+    forbid_prompt_logprob_token_ids_in_streams(req, provided)
     sp = vllm_sampling_params(provided)
     forbid_n_above_max_num_seqs(sp.n, limits)
     forbid_logprobs_above_server_max(sp, limits)
@@ -162,9 +237,9 @@ def build_sampling_params(
             input_length=prompt_len,
             default_sampling_params=generation_defaults,
         ) if prompt_len < limits.max_model_len else None
-    forbid_prompt_plus_max_tokens_beyond_context(prompt_len, sp.max_tokens, limits)
+    forbid_prompt_without_room_for_output(prompt_len, limits)
     forbid_params_the_engine_cannot_carry(sp, req)
-    if tokens_only:
+    if tokens_only or _text_is_unobservable(req, sp):
         sp.detokenize = False
     # Streams get each engine step's delta; batch gets one final output per request
     # (as vLLM's generate), fed through the same stages.

@@ -6,7 +6,7 @@ Logprobs with decoded strings (text and derender levels), the assistant message
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from msgspec import Struct
 
@@ -39,13 +39,28 @@ class ToolCall(Struct):
     type: str = "function"
 
 
-class ChatMessage(Struct, omit_defaults=True):
-    """vLLM's ChatMessage as it serializes: `tool_calls` only when non-empty."""
+class ChatMessage(Struct, omit_defaults=True, kw_only=True):
+    """vLLM's ChatMessage as it serializes: every key, nulls included, but `tool_calls` only
+    when non-empty (the fields without a default are never omitted)."""
 
     role: str
-    content: str | None = None
-    reasoning: str | None = None
+    content: str | None
+    refusal: str | None
+    annotations: Any
+    audio: Any
+    function_call: Any
     tool_calls: list[ToolCall] = []
+    reasoning: str | None
+
+
+def assistant_message(
+    role: str, content: str | None, reasoning: str | None = None, tool_calls: list[ToolCall] | None = None
+) -> ChatMessage:
+    """A ChatMessage with the fields vLLM never fills here (refusal, audio, …) null."""
+    return ChatMessage(
+        role=role, content=content, refusal=None, annotations=None, audio=None, function_call=None,
+        tool_calls=tool_calls or [], reasoning=reasoning,
+    )
 
 
 class DeltaFunctionCall(Struct, omit_defaults=True):
@@ -77,7 +92,8 @@ class ParseContext(Struct, forbid_unknown_fields=True):
     """
 
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # As vLLM 0.33: one of the three modes or a named function; absent means "none".
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None

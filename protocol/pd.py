@@ -14,7 +14,7 @@ One generate request becomes two legs:
    strings, ...) with `kv_transfer_params` replaced by what the prefill leg returned. The
    decode engine pulls the prompt's KV blocks over NIXL and generates from there.
 
-Both legs carry the same `X-Request-Id` (the caller's `request_id`, else a new one). The
+Both legs carry the same `X-Request-Id` (the caller's X-Request-Id, else its `request_id`, else a new one). The
 `x-parser-fingerprint` header, if the caller sends one, goes to the decode leg only (the
 prefill pool has no tokenizer, so its fingerprint differs by design).
 
@@ -107,14 +107,15 @@ def leg_requests(
 
 
 def request_id_of(request: GenerateRequest | Mapping[str, Any], headers: Mapping[str, str] | None = None) -> str:
-    """The id both legs use: the body's `request_id`, else the caller's X-Request-Id, else a new one."""
-    rid = request.request_id if isinstance(request, GenerateRequest) else request.get("request_id")
-    if isinstance(rid, str) and rid:
-        return rid
+    """The id both legs use: as vLLM names a request, the caller's X-Request-Id, else the body's
+    `request_id`, else a new one."""
     if headers:
         for k, v in headers.items():
             if k.lower() == REQUEST_ID_HEADER and v:
                 return v
+    rid = request.request_id if isinstance(request, GenerateRequest) else request.get("request_id")
+    if isinstance(rid, str) and rid:
+        return rid
     return new_request_id()
 
 

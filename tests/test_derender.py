@@ -100,6 +100,12 @@ def _choice_deltas(events: list[dict[str, Any]], index: int = 0) -> list[dict[st
     return [c for e in events for c in e["choices"] if c["index"] == index]
 
 
+def _without_tool_ids(delta: dict[str, Any]) -> dict[str, Any]:
+    if "tool_calls" not in delta:
+        return delta
+    return {**delta, "tool_calls": [{k: v for k, v in tc.items() if k != "id"} for tc in delta["tool_calls"]]}
+
+
 def _check_ids(message: dict[str, Any]) -> None:
     for tc in message["tool_calls"]:
         assert tc["id"].startswith("chatcmpl-tool-"), tc
@@ -119,6 +125,7 @@ def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, case: Cas
     ours_msg, theirs_msg = cc.batch_message(ours_choice["message"]), cc.batch_message(theirs_choice["message"])
     assert cc.without_ids(ours_msg) == cc.without_ids(theirs_msg)
     assert ours_choice["message"].get("content") == theirs_choice["message"].get("content")
+    assert set(ours_choice["message"]) == set(theirs_choice["message"]), "the same keys, nulls included"
     _check_ids(ours_msg)
 
     ours_events = _ours_stream(server, vllm_server, case, script)
@@ -129,7 +136,12 @@ def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, case: Cas
     ours_acc = cc.accumulate([c["delta"] for c in ours_deltas])
     theirs_acc = cc.accumulate([c["delta"] for c in theirs_deltas])
     assert cc.without_ids(ours_acc) == cc.without_ids(theirs_acc)
-    assert ours_deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    assert ours_deltas[0]["delta"] == theirs_deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    # Chunk shape: every delta that says something is coupled chat's, in order (ours also sends
+    # `{}` for a step the parser held back, because the generate wire always carries token_ids).
+    said = lambda ds: [_without_tool_ids(c["delta"]) for c in ds if c["delta"]]  # noqa: E731
+    if len(said(ours_deltas)) == len(said(theirs_deltas)):  # engine chunking decides the split
+        assert said(ours_deltas) == said(theirs_deltas)
     assert ours_deltas[-1]["finish_reason"] == [c for c in theirs_deltas if c.get("finish_reason")][-1]["finish_reason"]
     _check_ids(ours_acc)
 
@@ -169,8 +181,11 @@ def test_include_reasoning_false_hides_reasoning_token_ids_and_logprobs(server, 
     batch = _ours_batch(server, vllm_server, case, script)
     choice = batch["choices"][0]
     assert choice["message"].get("reasoning") is None and choice["logprobs"] is None and choice["token_ids"] is None
-    for c in _choice_deltas(_ours_stream(server, vllm_server, case, script)):
+    deltas = _choice_deltas(_ours_stream(server, vllm_server, case, script))
+    for c in deltas:
         assert "secret" not in json.dumps(c)
+    # As coupled chat: no empty chunk per hidden reasoning step (they would tell its length).
+    assert all(c["delta"] or c["finish_reason"] for c in deltas), deltas
 
 
 def test_plain_text_becomes_content_without_a_parser(plain_server, vllm_server, tokenizer):
@@ -180,9 +195,14 @@ def test_plain_text_becomes_content_without_a_parser(plain_server, vllm_server, 
     del req["parse_context"]
     r = post(plain_server.url, req)
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": text}
+    assert r.json()["choices"][0]["message"] == {
+        "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+        "function_call": None, "reasoning": None,
+    }, "every key vLLM's ChatMessage writes"
     events = sse_events(plain_server.url, req)
-    assert cc.accumulate([c["delta"] for c in _choice_deltas(events[:-1])])["content"] == text
+    deltas = _choice_deltas(events[:-1])
+    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}, "a role-only chunk first, as coupled chat"
+    assert cc.accumulate([c["delta"] for c in deltas])["content"] == text
 
 
 @pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine

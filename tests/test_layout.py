@@ -26,6 +26,7 @@ FLOORS = {
     "decode_server.pd_proxy": 3,
     "decode_server.sse": 3,
     "decode_server.engine": 3,
+    "decode_server.lora": 3,
     "decode_server.pipeline": 4,
     "decode_server.pipeline.steps": 4,
     "decode_server.pipeline.tokens": 5,

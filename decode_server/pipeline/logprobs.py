@@ -9,7 +9,7 @@ stacked when the request asked for logprobs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob, _logprob_token
@@ -20,8 +20,19 @@ from protocol.generate import GenerateLogProb, GenerateLogProbs, GenerateLogProb
 
 
 def _top_count(num_top: int, available: int) -> int:
-    # vLLM keeps max(n, 1) entries (the sampled token first), or all for -1.
+    # vLLM's generate keeps max(n, 1) entries (the sampled token first), or all for -1.
     return available if num_top == -1 else min(available, max(num_top, 1))
+
+
+def chat_top_count(num_top: int | None, return_all: bool) -> Callable[[int, int], int]:
+    """Coupled chat's cut (the derender level): exactly `top_logprobs` entries (0 is none), all for
+    -1 or when `logprob_token_ids` asked for specific ids."""
+    def count(_: int, available: int) -> int:
+        if return_all or num_top == -1:
+            return available
+        return min(available, num_top or 0)
+
+    return count
 
 
 def integer_logprobs(token_ids: list[int], positions: Any, num_top: int) -> GenerateLogProbs:
@@ -46,7 +57,9 @@ def integer_logprobs(token_ids: list[int], positions: Any, num_top: int) -> Gene
     return GenerateLogProbs(content=content)
 
 
-def text_logprobs(token_ids: list[int], positions: Any, num_top: int, tokenizer: Any) -> ChatLogProbs:
+def text_logprobs(
+    token_ids: list[int], positions: Any, num_top: int, tokenizer: Any, cut: Callable[[int, int], int] = _top_count
+) -> ChatLogProbs:
     content = []
     for token_id, top in zip(token_ids, positions):
         sampled = None if top is None else top.get(token_id)
@@ -56,7 +69,7 @@ def text_logprobs(token_ids: list[int], positions: Any, num_top: int, tokenizer:
             continue
         token, token_bytes = _logprob_token(token_id, sampled, tokenizer)
         top_entries = []
-        for tid, lp in list(top.items())[: _top_count(num_top, len(top))]:
+        for tid, lp in list(top.items())[: cut(num_top, len(top))]:
             top_token, top_bytes = _logprob_token(tid, lp, tokenizer)
             top_entries.append(ChatLogProb(token=top_token, logprob=_clamp_logprob(lp.logprob), bytes=top_bytes))
         content.append(
@@ -74,8 +87,10 @@ async def with_integer_logprobs(steps: AsyncIterator[Step], num_top: int) -> Asy
         yield step
 
 
-async def with_text_logprobs(steps: AsyncIterator[Step], num_top: int, tokenizer: Any) -> AsyncIterator[Step]:
+async def with_text_logprobs(
+    steps: AsyncIterator[Step], num_top: int, tokenizer: Any, cut: Callable[[int, int], int] = _top_count
+) -> AsyncIterator[Step]:
     async for step in steps:
         for choice in step.choices:
-            choice.logprobs = text_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top, tokenizer)
+            choice.logprobs = text_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top, tokenizer, cut)
         yield step

@@ -26,8 +26,11 @@ class ChoiceStep:
     raw_logprobs: SampleLogprobs | None  # the engine's per-position {token_id: Logprob}
     extras: dict[str, Any]  # routed_experts / sampling_mask / weight_versions, passed through
     logprobs: GenerateLogProbs | ChatLogProbs | None = None  # set by the logprobs stage
-    delta: DeltaMessage | None = None  # set by the derender stage (stream)
+    # Set by the derender stage (stream): ours, or a parser's delta as coupled chat writes it.
+    delta: DeltaMessage | dict[str, Any] | None = None
     message: ChatMessage | None = None  # set by the derender stage on a finished choice (batch)
+    # False: counted (usage, metrics) but sends no chunk (a hidden reasoning step, as coupled chat).
+    emit: bool = True
 
     def withhold_metadata(self) -> None:
         """Token ids and logprobs would reveal what a stage hides (as coupled chat hides them)."""

@@ -86,6 +86,8 @@ async def stream_chunks(ctx: WireContext, steps: AsyncIterator[Step], stats: Req
                 stats.first_token_at = time.monotonic()
             if c.finish_reason is not None:
                 stats.finish_reasons.append(c.finish_reason)
+            if not c.emit:
+                continue
             chunk = types.chunk(
                 request_id=ctx.request_id,
                 usage=_usage(stats.prompt_tokens, generated[c.index]) if ctx.continuous_usage else None,
