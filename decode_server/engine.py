@@ -225,8 +225,9 @@ class Engine:
     async def release_remote_prefill(self, caller_id: str, kv_transfer_params: dict[str, Any] | None) -> None:
         """A decode leg refused before the engine admitted it: have the KV connector tell the
         prefill instance to free the blocks it holds for this request now, not when its lease
-        runs out (as vLLM's own OpenAI routes do)."""
-        if not kv_transfer_params or not kv_transfer_params.get("do_remote_prefill"):
+        runs out (as vLLM's own OpenAI routes do). `kv_transfer_params`: the request's, wherever it
+        carried them (top level or `sampling_params.extra_args`; see `validate.kv_transfer_params_of`)."""
+        if not isinstance(kv_transfer_params, dict) or not kv_transfer_params.get("do_remote_prefill"):
             return
         if self.llm.vllm_config.kv_transfer_config is None or self.is_dead:
             return

@@ -170,7 +170,7 @@ async def generate(request: Request) -> Response:
     try:
         st.admit()
         body = await read_body(request, st.config.max_request_bytes)
-        req = decode_generate(body, request.headers.get("x-request-id"), st.metrics)
+        req = st.service.answered_as(decode_generate(body, request.headers.get("x-request-id"), st.metrics))
     except Exception as e:
         raise _failed(record, e) from e
     record.request_id, record.output_mode = req.request_id, req.output_mode
@@ -196,7 +196,7 @@ def _engine_headers(request: Request) -> dict[str, Any]:
 
 async def _answer(request: Request, st: AppState, record: RequestRecord, req: GenerateRequest) -> Response:
     service = st.service
-    service.check_fingerprint(request.headers.get(FINGERPRINT_HEADER))
+    service.check_fingerprint(request.headers.get(FINGERPRINT_HEADER), req)
     generation = await service.prepare(req, **_engine_headers(request))
     record.admitted(req.request_id, req.output_mode, generation)
     headers = {"x-request-id": req.request_id, FINGERPRINT_HEADER: service.fingerprint}

@@ -24,7 +24,7 @@ from decode_server.pipeline.logprobs import chat_top_count, with_integer_logprob
 from decode_server.pipeline.steps import Step
 from decode_server.pipeline.tokens import token_steps
 from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
-from decode_server.validate import build_sampling_params
+from decode_server.validate import as_tokens_prefill_leg, build_sampling_params, is_prefill_leg, kv_transfer_params_of
 from protocol.generate import GenerateRequest
 
 
@@ -59,7 +59,19 @@ class GenerateService:
         self.fingerprint = parser_fingerprint(engine.tokenizer, config.served_model_names[0], config.derender)
         self.models = Models(engine.llm, config.served_model_names, config.lora_modules, config.runtime_lora_updating)
 
-    def check_fingerprint(self, sent: str | None) -> None:
+    def answered_as(self, req: GenerateRequest) -> GenerateRequest:
+        """The request this server answers. Without a tokenizer (`--tokens-only`), a P/D router's
+        prefill leg (`validate.is_prefill_leg`) is answered as a tokens-level prefill, whatever
+        decode-only fields llm-d's sidecar left on it; anything else as sent, failing loud later."""
+        if self.engine.limits.has_tokenizer or not is_prefill_leg(req):
+            return req
+        return as_tokens_prefill_leg(req)
+
+    def check_fingerprint(self, sent: str | None, req: GenerateRequest | None = None) -> None:
+        # Without a tokenizer the fingerprint cannot match a decode pool's (it hashes no vocabulary):
+        # a prefill leg, whose answer never reaches the client, leaves the check to its decode leg.
+        if req is not None and not self.engine.limits.has_tokenizer and is_prefill_leg(req):
+            return
         if sent is not None and sent != self.fingerprint:
             raise Rejected(
                 f"parser configuration drift: the request was rendered for fingerprint {sent!r}, "
@@ -134,4 +146,5 @@ class GenerateService:
 
     async def release_remote_prefill(self, req: GenerateRequest | None) -> None:
         if req is not None and isinstance(req.request_id, str):
-            await self.engine.release_remote_prefill(req.request_id, req.kv_transfer_params)
+            # Top level or sampling_params.extra_args (llm-d's coordinator), as the engine reads them.
+            await self.engine.release_remote_prefill(req.request_id, kv_transfer_params_of(req))

@@ -203,6 +203,38 @@ def forbid_params_the_engine_cannot_carry(sp: SamplingParams, req: GenerateReque
         raise Rejected(f"sampling_params or transfer params cannot be sent to the engine: {e}", reason="unencodable") from e
 
 
+# ------------------------------------------------------------------ P/D prefill legs
+
+
+def kv_transfer_params_of(req: GenerateRequest) -> dict[str, Any] | None:
+    """The KV-transfer params the engine gets: the top-level field (vLLM's generate, llm-d's routing
+    sidecar), else `sampling_params.extra_args.kv_transfer_params` (llm-d's coordinator). The top
+    level wins, as in `build_sampling_params` and vLLM's generate."""
+    if req.kv_transfer_params is not None:
+        return req.kv_transfer_params
+    extra = req.sampling_params.extra_args
+    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
+    return params if isinstance(params, dict) else None
+
+
+def is_prefill_leg(req: GenerateRequest) -> bool:
+    """A P/D router's prefill leg: its KV stays for a remote decoder (`do_remote_decode: true`) and
+    it asks for one token, which every router throws away (llm-d's sidecar and coordinator, and
+    `protocol.pd`, keep only the answer's `kv_transfer_params`): its answer never reaches a client."""
+    kv = kv_transfer_params_of(req)
+    return kv is not None and kv.get("do_remote_decode") is True and req.sampling_params.max_tokens == 1
+
+
+def as_tokens_prefill_leg(req: GenerateRequest) -> GenerateRequest:
+    """The prefill leg without what only its decode leg reads and a server without a tokenizer
+    cannot serve (llm-d's sidecar forwards all of it): the text levels and their chat context,
+    stop strings, structured outputs. Its one token is discarded, so none of them can matter."""
+    sampling = msgspec.structs.replace(req.sampling_params, stop=msgspec.UNSET, structured_outputs=msgspec.UNSET)
+    return msgspec.structs.replace(
+        req, output_mode="tokens", parse_context=None, chat_request=None, sampling_params=sampling
+    )
+
+
 def _text_is_unobservable(req: GenerateRequest, sp: SamplingParams) -> bool:
     """At the tokens level nothing on the wire needs the engine's incremental detokenizer unless
     stop strings are matched or prompt logprobs carry decoded tokens: skip that per-token work."""

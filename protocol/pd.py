@@ -5,8 +5,9 @@ One generate request becomes two legs:
 1. the **prefill leg**, to a prefill server (`--tokens-only`, `kv_role: kv_producer`): the
    caller's request with `stream: false`, no `stream_options`, `max_tokens: 1`,
    `min_tokens: 1`, `output_mode: "tokens"`, no `chat_request` / `parse_context`, no
-   `sampling_params.stop` or `.structured_outputs` (a tokens-only server refuses both; the
-   sidecar keeps the latter), and `kv_transfer_params` = `PREFILL_KV_TRANSFER_PARAMS`
+   `sampling_params.stop` or `.structured_outputs` (llm-d's sidecar keeps all of these; a
+   `--tokens-only` decode-server drops them itself on a prefill leg), and
+   `kv_transfer_params` = `PREFILL_KV_TRANSFER_PARAMS`
    (`do_remote_decode: true`). Its batch answer carries the producer's `kv_transfer_params`
    (engine id, block ids, side-channel host and port).
 2. the **decode leg**, to a decode server (`kv_role: kv_consumer`): the caller's request as
@@ -76,8 +77,9 @@ def prefill_request(request: GenerateRequest | Mapping[str, Any]) -> dict[str, A
     sampling = dict(body.get("sampling_params") or {})
     sampling["max_tokens"] = 1
     sampling["min_tokens"] = 1
-    # Both need a tokenizer, which a --tokens-only prefill pool lacks (400), and neither can matter:
-    # the prefill leg's one token is thrown away (the decode engine samples the first token itself).
+    # Both need a tokenizer, which a --tokens-only prefill pool lacks (it drops them from a prefill
+    # leg itself), and neither can matter: the prefill leg's one token is thrown away (the decode
+    # engine samples the first token itself). Dropping them here also serves other prefill servers.
     sampling.pop("stop", None)
     sampling.pop("structured_outputs", None)
     body["sampling_params"] = sampling

@@ -60,11 +60,14 @@ def test_keep_alive_comments_and_the_load_endpoint_during_a_stream(flagged):
     loads: list[int] = []
     body = scripted(PROMPT, [], sampling_params={"max_tokens": 3000, "ignore_eos": True}, stream=True)
 
+    measured = threading.Event()
+
     def read() -> None:
         with httpx.stream("POST", flagged.url + GENERATE, json=body, headers=_auth(KEYS[0]), timeout=60) as r:
             for line in r.iter_lines():
                 lines.append(line)
-                if line == ": keep-alive" or len(lines) > 20000:
+                # Keep the stream open until /load was read while it ran.
+                if (line == ": keep-alive" and measured.wait(30)) or len(lines) > 20000:
                     break
 
     reader = threading.Thread(target=read)
@@ -72,6 +75,7 @@ def test_keep_alive_comments_and_the_load_endpoint_during_a_stream(flagged):
     while not lines and reader.is_alive():
         time.sleep(0.05)
     loads.append(httpx.get(flagged.url + "/load").json()["server_load"])
+    measured.set()
     reader.join(30)
     assert ": keep-alive" in lines, "a `: keep-alive` comment line within the first seconds of the stream"
     assert loads[0] >= 1

@@ -3,7 +3,9 @@
 A prefill instance (`--tokens-only`, `kv_producer`) and a decode instance (tokenizer, qwen3 +
 hermes parsers, `kv_consumer`) on loopback, with the KV cache in host memory
 (`kv_buffer_device: cpu`) and NIXL's UCX backend moving it; requests go through
-`protocol.pd` (the legs llm-d's NIXL v2 routing sidecar builds) and `decode-server pd-proxy`.
+`protocol.pd` (the legs llm-d's NIXL v2 routing sidecar builds, less the decode-only fields) and
+`decode-server pd-proxy`, and as llm-d-router's sidecar and coordinator send them, byte for byte
+(`tests/llmd_legs.py`).
 
 The model is the demo model with **real, seeded random weights** (written once into a copy of
 the demo model dir and loaded as safetensors, not `--load-format dummy`): dummy weights give
@@ -40,7 +42,7 @@ import pytest
 
 from protocol.client import Client
 from protocol.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
-from tests import servers
+from tests import llmd_legs, servers
 from tests.chat_cases import USER, WEATHER, accumulate, call, parse_context, without_ids
 from tests.support import GENERATE, choice_chunks, finish_reason, joined_tokens, scripted
 
@@ -302,6 +304,64 @@ def test_leg_bodies_are_what_the_nixl_v2_sidecar_sends():
     assert caller["sampling_params"]["max_tokens"] == 50, "the caller's request is not mutated"
 
 
+def _decoded(body: dict[str, Any]) -> Any:
+    from protocol.generate import decode_generate_request
+
+    req, _ = decode_generate_request(llmd_legs.go_json(body))
+    req.request_id = "r"
+    return req
+
+
+def test_only_an_unambiguous_prefill_leg_is_answered_as_a_tokens_prefill():
+    """A prefill leg is `do_remote_decode: true` (top level or in extra_args) with max_tokens 1;
+    only that drops the decode-only fields, and only those."""
+    from decode_server.validate import as_tokens_prefill_leg, is_prefill_leg, kv_transfer_params_of
+
+    caller = scripted(
+        [1, 2, 3], [7], output_mode="derender", cache_salt="s", parse_context={"tools": []}, reasoning_ended=True,
+        sampling_params={"max_tokens": 9, "logprobs": 2, "stop": ["x"], "structured_outputs": {"choice": ["a"]}},
+    )
+    sidecar = _decoded(llmd_legs.sidecar_prefill_leg(caller))
+    coordinator = _decoded(llmd_legs.coordinator_prefill_leg(caller, "r"))
+    assert is_prefill_leg(sidecar) and is_prefill_leg(coordinator)
+    assert kv_transfer_params_of(coordinator) == llmd_legs.PREFILL_KV and coordinator.kv_transfer_params is None
+    view = as_tokens_prefill_leg(sidecar)
+    assert (view.output_mode, view.parse_context, view.chat_request) == ("tokens", None, None)
+    assert view.sampling_params.provided() == {
+        "max_tokens": 1, "min_tokens": 1, "logprobs": 2, "extra_args": {"replay_token_ids": [7]}
+    }
+    assert (view.kv_transfer_params, view.cache_salt, view.reasoning_ended) == (llmd_legs.PREFILL_KV, "s", True)
+    assert sidecar.output_mode == "derender", "the request itself is not changed"
+    not_legs = [
+        {**caller, "kv_transfer_params": llmd_legs.PREFILL_KV},  # max_tokens 9: the answer is the client's
+        {**caller, "sampling_params": {"max_tokens": 1}},  # no KV params
+        {**caller, "sampling_params": {"max_tokens": 1}, "kv_transfer_params": {"do_remote_decode": False}},
+        {**caller, "sampling_params": {"max_tokens": 1}, "kv_transfer_params": {"do_remote_decode": "true"}},
+        # The top level wins over extra_args, as in vLLM: here it says "no remote decode".
+        {**llmd_legs.coordinator_prefill_leg(caller, "r"), "kv_transfer_params": {}},
+    ]
+    assert not any(is_prefill_leg(_decoded(b)) for b in not_legs)
+
+
+def test_the_llm_d_legs_change_only_what_their_source_changes():
+    caller = {"token_ids": [5, 6], "output_mode": "text", "stream": True, "stream_options": {"include_usage": True},
+              "sampling_params": {"max_tokens": 8, "stop": ["<&>"], "extra_args": {"k": 1}}}
+    p = llmd_legs.sidecar_prefill_leg(caller)
+    assert {k: v for k, v in p.items() if k not in ("stream", "kv_transfer_params", "sampling_params")} == {
+        "token_ids": [5, 6], "output_mode": "text"}
+    assert p["sampling_params"] == {"max_tokens": 1, "min_tokens": 1, "stop": ["<&>"], "extra_args": {"k": 1}}
+    assert b'"stop":["\\u003c\\u0026\\u003e"]' in llmd_legs.go_json(p)
+    kv = {"do_remote_prefill": True, "remote_block_ids": [1]}
+    assert llmd_legs.sidecar_decode_leg(caller, {"kv_transfer_params": kv}) == {**caller, "kv_transfer_params": kv}
+    d = llmd_legs.coordinator_decode_leg(caller, {"kv_transfer_params": kv})
+    assert "kv_transfer_params" not in d
+    assert d["sampling_params"]["extra_args"] == {
+        "k": 1, "kv_transfer_params": {**kv, "do_remote_decode": False, "do_remote_prefill": True}}
+    assert llmd_legs.coordinator_prefill_leg(caller, "r") == {
+        "request_id": "r", "token_ids": [5, 6], "model": "", "stream": False,
+        "sampling_params": {"max_tokens": 1, "extra_args": {"kv_transfer_params": llmd_legs.PREFILL_KV}}}
+
+
 # ----------------------------------------------------------------- against the real pair
 
 
@@ -315,6 +375,25 @@ def test_prefill_pool_rejects_a_misrouted_decode_leg(pd_pair):
         pd_pair.prefill.url + GENERATE, json={"token_ids": [9707], "sampling_params": {"stop": ["."]}}, timeout=60
     )
     assert r.status_code == 400 and "stop strings" in r.json()["error"]["message"]
+    # Only an unambiguous prefill leg (do_remote_decode: true, max_tokens 1) is answered as a
+    # tokens-level prefill: whatever else would reach a client keeps its 400 (or 409).
+    leg = {"do_remote_decode": True}
+    for body in (
+        {"output_mode": "text", "kv_transfer_params": leg, "sampling_params": {"max_tokens": 2}},
+        {"output_mode": "text", "sampling_params": {"max_tokens": 2, "extra_args": {"kv_transfer_params": leg}}},
+        {"output_mode": "derender", "sampling_params": {"max_tokens": 1}},
+        {"output_mode": "text", "kv_transfer_params": {"do_remote_decode": False}, "sampling_params": {"max_tokens": 1}},
+    ):
+        r = httpx.post(pd_pair.prefill.url + GENERATE, json={"token_ids": [9707, 1879], **body}, timeout=60)
+        assert r.status_code == 400 and "requires a tokenizer" in r.json()["error"]["message"], body
+    r = httpx.post(
+        pd_pair.prefill.url + GENERATE,
+        json={"token_ids": [9707], "sampling_params": {"max_tokens": 4, "stop": ["."], "extra_args": {"kv_transfer_params": leg}}},
+        timeout=60,
+    )
+    assert r.status_code == 400 and "stop strings" in r.json()["error"]["message"]
+    r = httpx.post(pd_pair.prefill.url + GENERATE, json={"token_ids": [9707]}, headers={"x-parser-fingerprint": "0" * 16}, timeout=60)
+    assert r.status_code == 409
 
 
 def test_prefill_leg_returns_the_producers_kv_transfer_params(pd_pair):
@@ -431,6 +510,134 @@ def test_structured_output_requests_go_through(pd_pair):
     assert ours.choices[0].text in ("sunny", "rainy")
 
 
+# ----------------------------------------------------------------- llm-d's own legs, replayed
+
+_LLM_D_TEXT = "<think>\nShort answer.\n</think>\n\nSunny, 21 degrees."
+
+
+def _llm_d_callers(tokenizer) -> dict[str, dict[str, Any]]:
+    """What a caller sends through llm-d, one request per level: tokens, text, a stop string,
+    a derender stream (tool call, stop string, stream_options) and structured outputs."""
+    prompt = _chat_prompt(tokenizer, [])
+    script = tokenizer.encode(_LLM_D_TEXT, add_special_tokens=False)
+    tool_script = tokenizer.encode(
+        "<think>\nThe user wants the weather.\n</think>\n\n" + call("get_weather", {"city": "Paris"}),
+        add_special_tokens=False,
+    )
+    return {
+        "tokens": scripted(prompt, script, sampling_params={"max_tokens": 32, "logprobs": 1}),
+        "text": scripted(prompt, script, output_mode="text", sampling_params={"max_tokens": 32, "min_tokens": 2, "logprobs": 1}),
+        "stop": scripted(prompt, script, output_mode="text", sampling_params={"max_tokens": 32, "stop": ["21"]}),
+        "derender": scripted(
+            _chat_prompt(tokenizer, [WEATHER]),
+            tool_script,
+            output_mode="derender",
+            stream=True,
+            stream_options={"include_usage": True},
+            parse_context=parse_context({"tools": [WEATHER]}),
+            sampling_params={"max_tokens": 64, "skip_special_tokens": False, "stop": ["never-in-the-output"]},
+        ),
+        "structured": {
+            "token_ids": list(range(8000, 8030)),
+            "output_mode": "text",
+            "reasoning_ended": True,
+            "sampling_params": {"max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": ["sunny", "rainy"]}},
+        },
+    }
+
+
+def _post_leg(url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    """POST a leg's bytes as the router writes them: the batch JSON, or a stream's data payloads."""
+    headers = {"content-type": "application/json", **headers}
+    content = llmd_legs.go_json(body)
+    if not body.get("stream"):
+        r = httpx.post(url + GENERATE, content=content, headers=headers, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+    events: list[Any] = []
+    with httpx.stream("POST", url + GENERATE, content=content, headers=headers, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    return events
+
+
+def _outcome(answer: Any) -> tuple[Any, list[float]]:
+    """What the client reads, less per-request names (ids, `created`) and with the sampled tokens'
+    logprobs apart (the decode engine computes the last prompt position alone: float noise)."""
+    if isinstance(answer, list):
+        chunks = choice_chunks(answer)
+        message = without_ids(accumulate([c["delta"] for c in chunks]))
+        return (joined_tokens(answer), message, finish_reason(answer), answer[-2]["usage"], answer[-1]), []
+    body = {k: v for k, v in answer.items() if k not in ("request_id", "created")}
+    body["choices"] = [dict(c) for c in body["choices"]]
+    logprobs: list[float] = []
+    for choice in body["choices"]:
+        content = (choice.pop("logprobs", None) or {}).get("content") or []
+        choice["sampled"] = [t.get("token_id", t.get("token")) for t in content]
+        logprobs += [t["logprob"] for t in content]
+    return body, logprobs
+
+
+def _check_level(name: str, outcome: Any, script_text: str) -> None:
+    """Each case really exercised its level (the equality with one instance is checked apart)."""
+    if name == "derender":
+        tokens, message, finish, _usage, done = outcome
+        assert message["reasoning"] and message["tool_calls"][0]["name"] == "get_weather"
+        assert (finish, done) == ("tool_calls", "[DONE]")
+        return
+    choice = outcome["choices"][0]
+    assert outcome["output_mode"] == ("tokens" if name == "tokens" else "text")
+    if name == "text":
+        assert choice["text"] == script_text and choice["finish_reason"] == "stop"
+    elif name == "stop":
+        assert choice["text"] == script_text.split("21")[0] and choice["stop_reason"] == "21"
+    elif name == "structured":
+        assert choice["text"] in ("sunny", "rainy")
+    else:
+        assert len(choice["token_ids"]) > 10 and len(choice["sampled"]) == len(choice["token_ids"])
+
+
+@pytest.mark.parametrize("router", ["sidecar", "coordinator"])
+def test_llm_d_legs_against_the_tokens_only_prefill_pool_decode_as_one_instance(pd_pair, tokenizer, router):
+    """Each caller request through the legs llm-d-router v0.10.0 builds (tests/llmd_legs.py, from
+    its source: the sidecar forwards `output_mode`, `stop`, `structured_outputs`, `parse_context`
+    and the caller's headers to the prefill pod; the coordinator puts the KV params in
+    `sampling_params.extra_args`), sent as the router's bytes to the --tokens-only prefill pool and
+    the decode pool: every prefill leg is a 200 tokens-level prefill with the producer's KV params,
+    every decode leg answers what one decode instance answers alone, decoded from the pulled KV."""
+    fingerprint = httpx.get(pd_pair.decode.url + "/v1/models", timeout=30).json()["data"][0]["parser_fingerprint"]
+    p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
+    before, pulled = _metrics(pd_pair.decode.url), 0
+    for name, request in _llm_d_callers(tokenizer).items():
+        caller = {**request, "cache_salt": _salt()}
+        rid = llmd_legs.sidecar_request_id() if router == "sidecar" else f"coordinator-{time.monotonic_ns()}"
+        # Both routers pass the caller's headers on (here pinned to the decode pool's fingerprint).
+        headers = {"x-parser-fingerprint": fingerprint, "x-request-id": rid}
+        if router == "sidecar":
+            prefill_leg = llmd_legs.sidecar_prefill_leg(caller)
+        else:
+            prefill_leg = llmd_legs.coordinator_prefill_leg(caller, rid)
+        answer = _post_leg(pd_pair.prefill.url, prefill_leg, headers)
+        kv = answer["kv_transfer_params"]
+        assert kv["do_remote_prefill"] is True and kv["remote_block_ids"], name
+        assert answer["output_mode"] == "tokens" and len(answer["choices"][0]["token_ids"]) == 1, name
+        assert f"request_id={rid} output_mode=tokens status=200" in pd_pair.prefill.log_tail(20000), name
+        build = llmd_legs.sidecar_decode_leg if router == "sidecar" else llmd_legs.coordinator_decode_leg
+        ours, ours_logprobs = _outcome(_post_leg(pd_pair.decode.url, build(caller, answer), headers))
+        single, single_logprobs = _outcome(
+            _post_leg(pd_pair.decode.url, {**request, "cache_salt": _salt()}, {"x-parser-fingerprint": fingerprint})
+        )
+        assert ours == single, name
+        assert ours_logprobs == pytest.approx(single_logprobs, abs=0.05), name
+        _check_level(name, ours, _LLM_D_TEXT)
+        pulled += len(request["token_ids"])
+    after = _metrics(pd_pair.decode.url)
+    assert after[p2p] - before[p2p] == pulled, "every decode leg loaded its whole prompt from the prefill pool"
+    assert after["vllm:nixl_num_failed_transfers_total"] == 0
+
+
 def test_decode_uses_the_transferred_kv_not_its_own_prompt(pd_pair):
     """Decode prompt B with prompt A's transferred KV: the first token is A's, not B's.
 
@@ -540,20 +747,29 @@ def test_idle_pair_does_not_busy_poll(pd_pair):
         assert sum(cores.values()) < 0.3, f"{server.name} is busy while idle: {cores}"
 
 
-def test_a_refused_decode_leg_frees_the_prefill_blocks_at_once(pd_pair):
+@pytest.mark.parametrize("where", ["top_level", "extra_args"])
+def test_a_refused_decode_leg_frees_the_prefill_blocks_at_once(pd_pair, where):
+    """`extra_args`: both legs as llm-d's coordinator builds them, the KV params in
+    `sampling_params.extra_args` (tests/llmd_legs.py)."""
     prompt = list(range(5000, 6000))
+    # A decode leg the decode server refuses (derender without parse_context on a parser-configured server).
+    refused = {"token_ids": prompt, "output_mode": "derender"}
     with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
         pd.generate({"token_ids": prompt[:10], "sampling_params": {"max_tokens": 1}})  # the NIXL handshake is done
         deadline = time.monotonic() + 40
         while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
             time.sleep(0.5)
-        kv = pd.prefill({"token_ids": prompt, "cache_salt": _salt()})
+        if where == "top_level":
+            leg = decode_request(refused, pd.prefill({"token_ids": prompt, "cache_salt": _salt()}))
+    if where == "extra_args":
+        answer = _post_leg(pd_pair.prefill.url, llmd_legs.coordinator_prefill_leg(refused, f"refused-{time.monotonic_ns()}"), {})
+        leg = llmd_legs.coordinator_decode_leg(refused, answer)
+        assert "kv_transfer_params" not in leg and leg["sampling_params"]["extra_args"]["kv_transfer_params"]["remote_block_ids"]
     assert _kv_usage(pd_pair.prefill.url) > 0, "the producer holds the prompt's blocks for the decode leg"
-    # A decode leg the decode server refuses (derender without parse_context on a parser-configured server).
     r = httpx.post(
-        pd_pair.decode.url + GENERATE, json={"token_ids": prompt, "output_mode": "derender", "kv_transfer_params": kv}, timeout=60
+        pd_pair.decode.url + GENERATE, content=llmd_legs.go_json(leg), headers={"content-type": "application/json"}, timeout=60
     )
-    assert r.status_code == 400
+    assert r.status_code == 400, r.text
     deadline = time.monotonic() + 5
     while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
         time.sleep(0.25)
