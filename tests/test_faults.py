@@ -440,6 +440,9 @@ def test_a_head_sent_byte_by_byte_is_cut_at_the_head_timeout_and_others_run_at_n
     _wait_idle(url, 5.0)
 
 
+# The cut needs the engine to fill the socket buffers (~1,500 tokens here) before the deadline: on
+# a machine loaded with other engines that can take longer; rerun once.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(300)
 def test_a_stalled_reader_costs_flat_memory_and_is_cut_after_the_send_timeout(faults):
     """3,000 tokens with 20 logprobs each (~6 MB of SSE) to a client that reads nothing."""
