@@ -36,7 +36,8 @@ from decode_server.validate import (
     forbid_unreadable_request_id,
 )
 from protocol.errors import error_body
-from protocol.generate import MAX_IGNORED_FIELDS, AbortRequest, GenerateRequest, decode_generate_request
+from protocol.decoding import MAX_IGNORED_FIELDS, decode_generate_request
+from protocol.generate import AbortRequest, GenerateRequest
 
 log = logging.getLogger("decode_server.routes")
 _encoder = msgspec.json.Encoder()

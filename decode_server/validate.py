@@ -190,7 +190,7 @@ def vllm_sampling_params(provided: dict[str, Any]) -> SamplingParams:
         return sp
     except msgspec.ValidationError as e:  # a type error in the schema: vLLM's "Bad Request"
         raise Rejected(str(e), param="sampling_params", reason="sampling_params", error_type="Bad Request") from e
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, VLLMValidationError) as e:  # vLLM's own checks, its message
         param = getattr(e, "parameter", None)
         raise Rejected(str(e), param=f"sampling_params.{param}" if param else "sampling_params", reason="sampling_params") from e
 

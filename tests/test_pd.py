@@ -305,7 +305,7 @@ def test_leg_bodies_are_what_the_nixl_v2_sidecar_sends():
 
 
 def _decoded(body: dict[str, Any]) -> Any:
-    from protocol.generate import decode_generate_request
+    from protocol.decoding import decode_generate_request
 
     req, _ = decode_generate_request(llmd_legs.go_json(body))
     req.request_id = "r"
