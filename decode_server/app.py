@@ -72,9 +72,10 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
     return stack
 
 
-def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecycle: Any) -> Starlette:
-    """`lifecycle` is the process's `server.Lifecycle` (drain state, engine watchdog)."""
-    state = routes.AppState(config=config, lifecycle=lifecycle, metrics=Metrics())
+def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecycle: Any, peers: Any = None) -> Starlette:
+    """`lifecycle` is the process's `server.Lifecycle` (drain state, engine watchdog); `peers`, with
+    --api-server-count N > 1, this process's `peers.Peers` (aborts across the API processes)."""
+    state = routes.AppState(config=config, lifecycle=lifecycle, metrics=Metrics(), peers=peers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -88,10 +89,14 @@ def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecy
             raise
         state.started_at = routes.started_now()
         lifecycle.attach(engine, state.metrics)
+        if peers is not None:
+            peers.start(engine, state.metrics)
         try:
             yield
         finally:
             lifecycle.detach()
+            if peers is not None:
+                peers.close()
             engine.shutdown()
 
     app = Starlette(

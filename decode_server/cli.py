@@ -157,6 +157,10 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
         ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     configure_logging((getattr(args, "log_level", None) or "info").lower(), args.log_format)
     log_flags_without_meaning(args, parser_defaults)
+    if (args.api_server_count or 1) > 1:
+        from decode_server.scale_out import serve as serve_scaled_out
+
+        return serve_scaled_out(args, server_config(args), args.log_format)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
     app = build_app(lambda: Engine.start(engine_args, tokens_only=args.tokens_only), server_config(args), lifecycle)

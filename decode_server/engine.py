@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import select
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -54,6 +56,23 @@ class _RecentIds:
             del at[next(iter(at))]
 
 
+class _CoreWatch:
+    """Engine core processes this process did not start (pidfds: readable once the process exits)."""
+
+    def __init__(self, pids: list[int]):
+        self._poll = select.poll()
+        self._gone = False
+        for pid in pids:
+            try:
+                self._poll.register(os.pidfd_open(pid), select.POLLIN)
+            except ProcessLookupError:
+                self._gone = True
+
+    def exited(self) -> bool:
+        self._gone = self._gone or bool(self._poll.poll(0))
+        return self._gone
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """What validation needs to know about the engine, read once at start."""
@@ -87,19 +106,33 @@ class Engine:
         self._abort_tasks: set[asyncio.Task] = set()
         self._seq = itertools.count()
         self._stats_task: asyncio.Task | None = None
+        self._core_watch: _CoreWatch | None = None
 
     @classmethod
-    def start(cls, engine_args: AsyncEngineArgs, tokens_only: bool = False) -> Engine:
+    def start(
+        cls, engine_args: AsyncEngineArgs, tokens_only: bool = False, client: dict[str, Any] | None = None
+    ) -> Engine:
+        """`client`: with --api-server-count N, this API process's `client_config` from vLLM's
+        `APIServerProcessManager` (engine addresses, `client_count`, `client_index`) plus
+        `core_pids`, the shared engine core processes; the AsyncLLM is then a client of that core."""
         if tokens_only:
             engine_args.tokens_only = True
+        client = dict(client or {})
+        core_pids = client.pop("core_pids", ())
+        count, index = client.pop("client_count", 1), client.pop("client_index", 0)
+        if client:
+            engine_args._api_process_count, engine_args._api_process_rank = count, index
         vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
         llm = AsyncLLM.from_vllm_config(
             vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats,
+            **({"client_addresses": client, "client_count": count, "client_index": index} if client else {}),
         )
-        return cls(llm, tokens_only)
+        engine = cls(llm, tokens_only)
+        engine._core_watch = _CoreWatch(core_pids) if core_pids else None
+        return engine
 
     # ------------------------------------------------------------ lifecycle
 
@@ -122,13 +155,27 @@ class Engine:
 
     @property
     def is_dead(self) -> bool:
+        if self._core_watch is not None and not self.llm.errored and self._core_watch.exited():
+            self._core_died()
         return self.llm.errored
+
+    def _core_died(self) -> None:
+        """A shared engine core this process does not own exited: what vLLM's own client does when
+        a core it launched dies (its MPClient monitor), so open requests fail with EngineDeadError."""
+        log.error("the shared engine core exited")
+        core = self.llm.engine_core
+        core.resources.engine_dead = True
+        core.shutdown()
 
     # ------------------------------------------------------------ requests
 
     def live_request_count(self) -> int:
         """Engine requests the server still holds state for (should drop to 0 when idle)."""
         return len({eid for ids in self._live.values() for eid in ids})
+
+    def engine_ids(self, name: str) -> set[str]:
+        """The engine ids live under `name` (a caller id or an alias)."""
+        return set(self._live.get(name, ()))
 
     async def generate(
         self,
@@ -181,13 +228,17 @@ class Engine:
                         del self._live[name]
                 self._finished.add(name)
 
-    async def abort(self, caller_ids: list[str]) -> list[str]:
+    def knows(self, caller_id: str) -> bool:
+        """Whether this process holds a request by that name, or just finished one."""
+        return caller_id in self._live or caller_id in self._finished
+
+    async def abort(self, caller_ids: list[str], remember: bool = True) -> list[str]:
         """Abort by the caller's ids. Returns the engine ids aborted. An id with no live request
-        (nor one just finished) is remembered for EARLY_ABORT_TTL_S: its request may still be in
-        transit, and is then aborted as soon as it registers."""
+        (nor one just finished) is remembered for EARLY_ABORT_TTL_S (unless `remember` is False):
+        its request may still be in transit, and is then aborted as soon as it registers."""
         engine_ids = list(dict.fromkeys(eid for cid in caller_ids for eid in self._live.get(cid, ())))
         for cid in caller_ids:
-            if cid not in self._live and cid not in self._finished:
+            if remember and not self.knows(cid):
                 self._early_aborts.add(cid)
         admitted = [eid for eid in engine_ids if self._admitted(eid)]
         for eid in engine_ids:

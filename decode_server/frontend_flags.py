@@ -52,6 +52,8 @@ IMPLEMENTED: dict[str, str] = {
     "h11_max_header_count": "h11 header count limit",
     "enable_scale_out": "accepted; the generate endpoints are always served here",
     "lora_modules": "LoRA adapters (`name=path` or JSON) served as models: a request's `model` picks one (with `--enable-lora`)",
+    "api_server_count": "N API processes on one socket, sharing the engine core (vLLM's machinery); abort by caller id reaches "
+    "any process, `/metrics` merges all, SIGTERM drains all (see Scale-out)",
 }
 
 NO_MEANING: dict[str, str] = {
@@ -83,7 +85,6 @@ NO_MEANING: dict[str, str] = {
     "enable_ssl_refresh": "certificates are read at start; restart the pod to rotate them",
     "enable_offline_docs": "no docs UI here; /openapi.json is the schema",
     "enable_flash_late_interaction": "pooling models are not served here",
-    "api_server_count": "one API server process per engine here; run more pods to scale the frontend",
 }
 
 

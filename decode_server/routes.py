@@ -53,6 +53,13 @@ class AppState:
     metrics: Metrics
     service: GenerateService | None = None
     started_at: int = 0
+    peers: Any = None  # peers.Peers with --api-server-count N > 1: the other API processes
+
+    async def abort(self, ids: list[str]) -> int:
+        """Abort by caller id; with peers, also what another API process holds. Returns the count."""
+        if self.peers is None:
+            return len(await self.service.engine.abort(ids))
+        return await self.peers.abort(ids)
 
     def admit(self) -> None:
         if self.service.engine.is_dead:
@@ -224,9 +231,9 @@ async def abort_requests(request: Request) -> Response:
         raise Rejected(f"invalid abort request: {e}", param="request_ids") from e
     except msgspec.DecodeError as e:
         raise Rejected(f"request body is not valid JSON: {e}") from e
-    aborted = await st.service.engine.abort(ids)
+    aborted = await st.abort(ids)
     if aborted:
-        st.metrics.aborted("abort_endpoint", len(aborted))
+        st.metrics.aborted("abort_endpoint", aborted)
     return Response(status_code=200)
 
 
@@ -288,6 +295,8 @@ async def version(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     st = _state(request)
+    if st.peers is not None:
+        await st.peers.refresh_metrics()
     body, content_type = st.metrics.render(st.service.engine)
     return Response(body, media_type=content_type)
 

@@ -86,7 +86,7 @@ class Lifecycle:
             self._server.should_exit = True
 
 
-class _DrainingServer(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn, plus: the first SIGTERM/SIGINT starts the drain before uvicorn stops listening."""
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle):
@@ -173,12 +173,14 @@ def uvicorn_config(app: Any, args: Any) -> uvicorn.Config:
     return config
 
 
-def run(config: uvicorn.Config, lifecycle: Lifecycle) -> int:
-    """Serve until drained or the engine died; return the process exit code."""
+def run(config: uvicorn.Config, lifecycle: Lifecycle, sockets: list[Any] | None = None, server_class: Any = None) -> int:
+    """Serve until drained or the engine died; return the process exit code. `sockets`: already
+    bound listening sockets (an API process of --api-server-count N); `server_class`: a
+    `DrainingServer` subclass to run instead."""
     # sse-starlette would end every open stream the moment uvicorn sees SIGTERM;
     # the drain ends them instead (with a final "abort" chunk) at the deadline.
     AppStatus.disable_automatic_graceful_drain()
-    server = _DrainingServer(config, lifecycle)
+    server = (server_class or DrainingServer)(config, lifecycle)
     lifecycle._server = server
-    server.run()
+    server.run(sockets=sockets)
     return lifecycle.exit_code

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from decode_server.pipeline.logprobs import chat_top_count, with_integer_logprob
 from decode_server.pipeline.steps import Step
 from decode_server.pipeline.tokens import token_steps
 from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
+from decode_server.remote_prefill import first_token_pending, first_token_within, is_remote_prefill
 from decode_server.validate import as_tokens_prefill_leg, build_sampling_params, is_prefill_leg, kv_transfer_params_of
 from protocol.generate import GenerateRequest
 
@@ -58,6 +60,7 @@ class GenerateService:
         _ = self.derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
         self.fingerprint = parser_fingerprint(engine.tokenizer, config.served_model_names[0], config.derender)
         self.models = Models(engine.llm, config.served_model_names, config.lora_modules, config.runtime_lora_updating)
+        self._watch_seq = itertools.count()  # names a remote-prefill request for its deadline
 
     def answered_as(self, req: GenerateRequest) -> GenerateRequest:
         """The request this server answers. Without a tokenizer (`--tokens-only`), a P/D router's
@@ -106,11 +109,13 @@ class GenerateService:
             return_token_ids=bool(req.return_token_ids),
             prompt_tokens_details=self.config.prompt_tokens_details,
         )
+        kv = kv_transfer_params_of(req)
+        watch = self._remote_prefill_name(kv)
         outputs = engine.generate(
             req.request_id,
             req.token_ids,
             sp,
-            aliases=(ctx.request_id,),
+            aliases=(ctx.request_id,) if watch is None else (ctx.request_id, watch),
             cache_salt=req.cache_salt,
             priority=req.priority,
             reasoning_ended=req.reasoning_ended,
@@ -122,8 +127,16 @@ class GenerateService:
             lora_request=lora,
             **engine_headers,
         )
+        if watch is not None:  # a decode leg: its KV arrives within the deadline, or it ends clearly
+            outputs = first_token_within(outputs, kv, lambda: first_token_pending(engine.llm, engine.engine_ids(watch)))
         steps = self._stages(token_steps(outputs, keep_text_only=req.output_mode != "tokens"), req, sp, plan)
         return Generation(ctx, steps, stream)
+
+    def _remote_prefill_name(self, kv: dict[str, Any] | None) -> str | None:
+        """A unique alias for a decode leg of a KV-connector engine (None for anything else)."""
+        if not is_remote_prefill(kv) or self.engine.llm.vllm_config.kv_transfer_config is None:
+            return None
+        return f"remote-prefill-{next(self._watch_seq)}"
 
     def _stages(
         self, steps: AsyncIterator[Step], req: GenerateRequest, sp: SamplingParams, plan: DerenderPlan | None

@@ -1,13 +1,21 @@
-"""SSE framing through sse-starlette: `data: {json}\\n\\n` per chunk, an error event, then `[DONE]`."""
+"""SSE framing through sse-starlette: `data: {json}\\n\\n` per chunk, an error event, then `[DONE]`.
+
+The per-event path is kept to one ASGI send: sse-starlette's own send timeout opens an anyio cancel
+scope (and schedules a timer) around every event, which cost more than the rest of the frame
+(`python -m bench.sse_cost`); a stalled reader is caught instead by one watch per stream that looks
+at the send in progress a few times per limit.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import msgspec
-from sse_starlette.sse import EventSourceResponse, SendTimeoutError, ServerSentEvent
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from decode_server.config import STREAM_SEND_TIMEOUT_S
 from decode_server.errors import describe
@@ -17,6 +25,9 @@ log = logging.getLogger("decode_server.sse")
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
+# A send that is still the same pending send at this many consecutive looks is a stalled reader:
+# the cut comes between the limit and 1.25 × the limit.
+_LOOKS_PER_LIMIT = 4
 
 
 def frame(obj: Any) -> bytes:
@@ -43,20 +54,51 @@ def sse_response(
     # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
     # whose comment is `: keep-alive`).
     return _Stream(
-        _framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s, ping_message_factory=_keep_alive,
-        send_timeout=STREAM_SEND_TIMEOUT_S or None,
+        _framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s, ping_message_factory=_keep_alive
     )
 
 
 class _Stream(EventSourceResponse):
-    """A client that reads nothing for STREAM_SEND_TIMEOUT_S (every buffer full) is cut: the chunks
-    are closed (the engine request is aborted, the access line says 499), uvicorn drops the socket."""
+    """A client that reads nothing for STREAM_SEND_TIMEOUT_S (every buffer full, one send pending
+    all along) is cut: the chunks are closed (the engine request is aborted, the access line says
+    499), uvicorn drops the socket."""
+
+    stall_limit_s = STREAM_SEND_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._sending = False
+        self._sent = 0
+
+    async def _send_with_timeout(self, send: Any, message: Any) -> None:
+        self._sending = True
+        await send(message)
+        self._sending = False
+        self._sent += 1
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
+        if not self.stall_limit_s:
             await super().__call__(scope, receive, send)
-        except SendTimeoutError:
-            log.warning("stream cut: its client read nothing for %.0f s", STREAM_SEND_TIMEOUT_S)
+            return
+        with anyio.CancelScope() as cut:
+            watch = asyncio.get_running_loop().create_task(self._watch_for_stall(cut))
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                watch.cancel()
+        if cut.cancelled_caught:
+            log.warning("stream cut: its client read nothing for %.0f s", self.stall_limit_s)
+
+    async def _watch_for_stall(self, cut: anyio.CancelScope) -> None:
+        stalled_looks, last_sent = 0, -1
+        while True:
+            await asyncio.sleep(self.stall_limit_s / _LOOKS_PER_LIMIT)
+            same_send_pending = self._sending and self._sent == last_sent
+            stalled_looks = stalled_looks + 1 if same_send_pending else 0
+            last_sent = self._sent
+            if stalled_looks >= _LOOKS_PER_LIMIT:
+                cut.cancel()
+                return
 
 
 def _keep_alive() -> ServerSentEvent:

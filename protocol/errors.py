@@ -30,7 +30,9 @@ _TYPES = {
     422: "UnprocessableEntityError",
     499: "ClientDisconnected",
     500: "InternalServerError",
+    502: "BadGatewayError",
     503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
 }
 
 

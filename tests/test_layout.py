@@ -26,7 +26,9 @@ FLOORS = {
     "decode_server.pd_proxy": 3,
     "decode_server.sse": 3,
     "decode_server.engine": 3,
+    "decode_server.peers": 3,
     "decode_server.lora": 3,
+    "decode_server.remote_prefill": 3,
     "decode_server.pipeline": 4,
     "decode_server.pipeline.steps": 4,
     "decode_server.pipeline.tokens": 5,
@@ -40,7 +42,8 @@ FLOORS = {
     "decode_server.routes": 8,
     "decode_server.app": 9,
     "decode_server.server": 9,
-    "decode_server.cli": 10,
+    "decode_server.scale_out": 10,
+    "decode_server.cli": 11,
 }
 
 

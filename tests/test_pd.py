@@ -30,7 +30,6 @@ import concurrent.futures
 import json
 import os
 import random
-import re
 import shutil
 import sys
 import time
@@ -43,104 +42,20 @@ import pytest
 from protocol.client import Client
 from protocol.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
 from tests import llmd_legs, servers
+from tests.pd_pair import _SITECUSTOMIZE, NIXL_PROGRESS_DELAY_US, write_seeded_weights  # noqa: F401
+from tests.pd_pair import engine_flags_with_real_weights as _engine_flags_with_real_weights
+from tests.pd_pair import kv_config as _kv_config
+from tests.pd_pair import kv_usage as _kv_usage
+from tests.pd_pair import metrics as _metrics
+from tests.pd_pair import omp_binds as _omp_binds
+from tests.pd_pair import salt as _salt
 from tests.chat_cases import USER, WEATHER, accumulate, call, parse_context, without_ids
 from tests.support import GENERATE, choice_chunks, finish_reason, joined_tokens, scripted
 
 pytestmark = pytest.mark.timeout(900)
 
-# The progress-thread poll timeout NIXL gets in the test servers (see the module docstring).
-NIXL_PROGRESS_DELAY_US = 1000
-
-_SITECUSTOMIZE = '''\
-"""Test servers only: give NIXL's UCX progress thread a poll() timeout instead of a busy loop."""
-import importlib.abc, importlib.machinery, importlib.util, os, sys
-
-_DELAY_US = int(os.environ.get("DECODE_SERVER_TEST_NIXL_PTHR_DELAY_US", "%d"))
-
-
-class _NixlProgressDelay(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in ("nixl_cu12._api", "nixl_cu13._api"):
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            bindings = module.nixlBind
-            new_agent = bindings.nixlAgent
-
-            def nixl_agent(name, config):
-                config.pthrDelay = _DELAY_US
-                return new_agent(name, config)
-
-            bindings.nixlAgent = nixl_agent
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _DELAY_US > 0:
-    sys.meta_path.insert(0, _NixlProgressDelay())
-
-# Keep any sitecustomize this one shadows.
-_here = os.path.dirname(os.path.abspath(__file__))
-_other = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here]
-)
-if _other is not None and _other.loader is not None:
-    _module = importlib.util.module_from_spec(_other)
-    _other.loader.exec_module(_module)
-''' % NIXL_PROGRESS_DELAY_US
-
 
 # ----------------------------------------------------------------- model with real weights
-
-
-def write_seeded_weights(model_dir: Path, seed: int = 0) -> None:
-    """model.safetensors with seeded random weights for the demo model's Qwen3 config.
-
-    Scales: embeddings N(0, 0.3²) (tied to the LM head), every projection N(0, 1/fan_in),
-    norms 1. Small embeddings keep the residual stream from being a copy of the last token,
-    so attention over the whole prompt decides the next token.
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    cfg = json.loads((model_dir / "config.json").read_text())
-    assert cfg["tie_word_embeddings"], "the weights below assume a tied LM head"
-    g = torch.Generator().manual_seed(seed)
-    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-
-    def proj(out_dim: int, in_dim: int) -> Any:
-        return (torch.randn(out_dim, in_dim, generator=g) / in_dim**0.5).to(torch.bfloat16)
-
-    def ones(n: int) -> Any:
-        return torch.ones(n, dtype=torch.bfloat16)
-
-    tensors = {
-        "model.embed_tokens.weight": (torch.randn(vocab, hidden, generator=g) * 0.3).to(torch.bfloat16),
-        "model.norm.weight": ones(hidden),
-    }
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": proj(heads * head_dim, hidden),
-            p + "self_attn.k_proj.weight": proj(kv_heads * head_dim, hidden),
-            p + "self_attn.v_proj.weight": proj(kv_heads * head_dim, hidden),
-            p + "self_attn.o_proj.weight": proj(hidden, heads * head_dim),
-            p + "self_attn.q_norm.weight": ones(head_dim),
-            p + "self_attn.k_norm.weight": ones(head_dim),
-            p + "mlp.gate_proj.weight": proj(inter, hidden),
-            p + "mlp.up_proj.weight": proj(inter, hidden),
-            p + "mlp.down_proj.weight": proj(hidden, inter),
-            p + "input_layernorm.weight": ones(hidden),
-            p + "post_attention_layernorm.weight": ones(hidden),
-        }
-    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module")
@@ -152,22 +67,6 @@ def seeded_model(demo_model, tmp_path_factory) -> Path:
 
 
 # ----------------------------------------------------------------- the P/D pair
-
-
-def _engine_flags_with_real_weights() -> list[str]:
-    flags = list(servers.ENGINE_FLAGS)
-    i = flags.index("--load-format")
-    flags[i + 1] = "safetensors"
-    return flags
-
-
-def _kv_config(role: str) -> str:
-    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"})
-
-
-def _omp_binds() -> tuple[str, str]:
-    cpus = sorted(os.sched_getaffinity(0))
-    return (str(cpus[0]), str(cpus[1])) if len(cpus) >= 2 else ("nobind", "nobind")
 
 
 class Pair:
@@ -225,27 +124,6 @@ def pd_pair(seeded_model, log_dir, tmp_path_factory):
 
 
 # ----------------------------------------------------------------- helpers
-
-
-def _salt() -> str:
-    """A fresh cache_salt: no request here reuses another's KV through the local prefix cache."""
-    return f"pd-{time.monotonic_ns()}-{random.random()}"
-
-
-def _metrics(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=30).text
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        name = re.sub(r'(engine|model_name)="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")
-        out[name] = float(value)
-    return out
-
-
-def _kv_usage(url: str) -> float:
-    return _metrics(url)["vllm:kv_cache_usage_perc"]
 
 
 def _chat_prompt(tokenizer, tools: list[dict[str, Any]]) -> list[int]:

@@ -7,6 +7,7 @@ these (test_tokens.py, test_text.py, test_derender.py), which drive a real Async
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -138,3 +139,55 @@ def test_derender_without_a_parser_makes_the_text_the_content():
     deltas = [output(choice([11], text="Hel")), output(choice([12], text="lo", finish="stop"), finished=True)]
     steps = run(derender_stream(token_steps(_aiter(deltas), keep_text_only=True), plan, PROMPT))
     assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "narrator", "content": ""}, {"content": "Hel"}, {"content": "lo"}]
+
+
+def _sse_messages(stall_limit_s: float, chunks: list[Any], send_blocks_after: int | None) -> tuple[list[Any], bool]:
+    """Run one `sse._Stream` against an ASGI send that never completes after `send_blocks_after`
+    messages; return the messages sent and whether the body iterator was closed."""
+    from decode_server import sse
+
+    closed = False
+
+    async def rest() -> AsyncIterator[Any]:
+        nonlocal closed
+        try:
+            for chunk in chunks:
+                yield chunk
+        finally:
+            closed = True
+
+    async def run() -> list[Any]:
+        sent: list[Any] = []
+        never = asyncio.Event()
+
+        async def send(message: Any) -> None:
+            if send_blocks_after is not None and len(sent) >= send_blocks_after:
+                await never.wait()  # a reader whose socket buffers are full
+            sent.append(message)
+
+        async def receive() -> Any:
+            await never.wait()
+
+        response = sse.sse_response(None, rest())
+        response.stall_limit_s = stall_limit_s
+        await asyncio.wait_for(response({"type": "http", "method": "GET", "asgi": {"spec_version": "2.4"}}, receive, send), 5)
+        return sent
+
+    return asyncio.run(run()), closed
+
+
+def test_a_stream_whose_send_stays_pending_past_the_limit_is_cut_and_its_chunks_closed():
+    started = time.monotonic()
+    sent, closed = _sse_messages(0.4, [{"n": i} for i in range(100)], send_blocks_after=3)
+    took = time.monotonic() - started
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body", "http.response.body"]
+    assert closed, "the cut closes the chunks (the engine request is aborted)"
+    assert 0.4 <= took < 0.4 * 1.25 + 1.0, took
+
+
+def test_a_stream_that_keeps_sending_is_never_cut_by_the_stall_watch():
+    sent, closed = _sse_messages(0.05, [{"n": i} for i in range(3)], send_blocks_after=None)
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert bodies[:3] == [b'data: {"n":0}\n\n', b'data: {"n":1}\n\n', b'data: {"n":2}\n\n']
+    assert bodies[3:] == [b"data: [DONE]\n\n", b""]
+    assert closed

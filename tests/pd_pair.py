@@ -1,0 +1,209 @@
+"""The P/D pair's parts, shared by tests/test_pd.py and tests/test_pd_faults.py.
+
+Decode-server instances with vLLM's NixlConnector on loopback (`kv_buffer_device: cpu`, UCX),
+the NIXL progress-thread hook (see tests/test_pd.py's docstring), seeded real weights, and the
+/metrics reader both modules assert with.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import servers
+
+# The progress-thread poll timeout NIXL gets in the test servers (see the module docstring).
+NIXL_PROGRESS_DELAY_US = 1000
+
+_SITECUSTOMIZE = '''\
+"""Test servers only: give NIXL's UCX progress thread a poll() timeout instead of a busy loop."""
+import importlib.abc, importlib.machinery, importlib.util, os, sys
+
+_DELAY_US = int(os.environ.get("DECODE_SERVER_TEST_NIXL_PTHR_DELAY_US", "%d"))
+
+
+class _NixlProgressDelay(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in ("nixl_cu12._api", "nixl_cu13._api"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            bindings = module.nixlBind
+            new_agent = bindings.nixlAgent
+
+            def nixl_agent(name, config):
+                config.pthrDelay = _DELAY_US
+                return new_agent(name, config)
+
+            bindings.nixlAgent = nixl_agent
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _DELAY_US > 0:
+    sys.meta_path.insert(0, _NixlProgressDelay())
+
+# Keep any sitecustomize this one shadows.
+_here = os.path.dirname(os.path.abspath(__file__))
+_other = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here]
+)
+if _other is not None and _other.loader is not None:
+    _module = importlib.util.module_from_spec(_other)
+    _other.loader.exec_module(_module)
+''' % NIXL_PROGRESS_DELAY_US
+
+
+# ----------------------------------------------------------------- model with real weights
+
+
+def write_seeded_weights(model_dir: Path, seed: int = 0) -> None:
+    """model.safetensors with seeded random weights for the demo model's Qwen3 config.
+
+    Scales: embeddings N(0, 0.3²) (tied to the LM head), every projection N(0, 1/fan_in),
+    norms 1. Small embeddings keep the residual stream from being a copy of the last token,
+    so attention over the whole prompt decides the next token.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["tie_word_embeddings"], "the weights below assume a tied LM head"
+    g = torch.Generator().manual_seed(seed)
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def proj(out_dim: int, in_dim: int) -> Any:
+        return (torch.randn(out_dim, in_dim, generator=g) / in_dim**0.5).to(torch.bfloat16)
+
+    def ones(n: int) -> Any:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    tensors = {
+        "model.embed_tokens.weight": (torch.randn(vocab, hidden, generator=g) * 0.3).to(torch.bfloat16),
+        "model.norm.weight": ones(hidden),
+    }
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": proj(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": proj(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": proj(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": proj(hidden, heads * head_dim),
+            p + "self_attn.q_norm.weight": ones(head_dim),
+            p + "self_attn.k_norm.weight": ones(head_dim),
+            p + "mlp.gate_proj.weight": proj(inter, hidden),
+            p + "mlp.up_proj.weight": proj(inter, hidden),
+            p + "mlp.down_proj.weight": proj(hidden, inter),
+            p + "input_layernorm.weight": ones(hidden),
+            p + "post_attention_layernorm.weight": ones(hidden),
+        }
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def engine_flags_with_real_weights() -> list[str]:
+    flags = list(servers.ENGINE_FLAGS)
+    i = flags.index("--load-format")
+    flags[i + 1] = "safetensors"
+    return flags
+
+
+def kv_config(role: str, extra_config: dict[str, Any] | None = None, **fields: Any) -> str:
+    """vLLM's --kv-transfer-config JSON; `fields` such as kv_load_failure_policy, `extra_config`
+    the connector's kv_connector_extra_config (e.g. kv_lease_duration)."""
+    config = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu", **fields}
+    if extra_config:
+        config["kv_connector_extra_config"] = extra_config
+    return json.dumps(config)
+
+
+def omp_binds() -> tuple[str, str]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return (str(cpus[0]), str(cpus[1])) if len(cpus) >= 2 else ("nobind", "nobind")
+
+
+def salt() -> str:
+    """A fresh cache_salt: no request here reuses another's KV through the local prefix cache."""
+    return f"pd-{time.monotonic_ns()}-{random.random()}"
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = re.sub(r'(engine|model_name)="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")
+        out[name] = float(value)
+    return out
+
+
+def kv_usage(url: str) -> float:
+    return metrics(url)["vllm:kv_cache_usage_perc"]
+
+
+def seeded_model_dir(demo_model: Path, tmp_path_factory: Any) -> Path:
+    target = tmp_path_factory.mktemp("pd-model") / "demo-seeded"
+    shutil.copytree(demo_model, target)
+    write_seeded_weights(target)
+    return target
+
+
+def require_nixl() -> None:
+    try:
+        import nixl  # noqa: F401
+    except ImportError as e:  # the `test` extra pins nixl; a stale venv lacks it
+        pytest.fail(f"NIXL is not importable ({e}); run ./dev setup (the test extra installs nixl==1.5.1)")
+
+
+def nixl_env(tmp_path_factory: Any) -> dict[str, str]:
+    """The environment every NIXL test server shares: the progress-thread hook on PYTHONPATH."""
+    hook = tmp_path_factory.mktemp("nixl-hook")
+    (hook / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    pythonpath = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": pythonpath, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "UCX_RCACHE_MAX_UNRELEASED": "1024"}
+
+
+def nixl_server(
+    name: str, model: Path, log_dir: Path, env: dict[str, str], kv_transfer_config: str, *extra: str, bind: str = "nobind"
+) -> servers.Server:
+    """A decode-server with the NixlConnector (`extra`: more flags, e.g. --tokens-only or parsers)."""
+    argv = [sys.executable, "-m", "decode_server.cli", "serve", str(model), *engine_flags_with_real_weights()]
+    side_channel = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()), "VLLM_CPU_OMP_THREADS_BIND": bind}
+    return servers.Server(name, [*argv, *extra, "--kv-transfer-config", kv_transfer_config], log_dir, env={**env, **side_channel})
+
+
+def start_all(to_start: list[servers.Server]) -> list[servers.Server]:
+    """Start them at once (the wait is one start-up, not several); the started ones, in order."""
+    started: list[servers.Server] = []
+    with concurrent.futures.ThreadPoolExecutor(len(to_start)) as pool:
+        futures = {pool.submit(s.start): s for s in to_start}
+        for f in concurrent.futures.as_completed(futures):
+            started.append(futures[f])
+            f.result()
+    return started
+
+
+def stop_all(to_stop: list[servers.Server]) -> None:
+    # A NIXL engine's worker does not exit on its own (vLLM kills it after 5 s): stop them at once.
+    if to_stop:
+        with concurrent.futures.ThreadPoolExecutor(len(to_stop)) as pool:
+            list(pool.map(lambda s: s.stop(), to_stop))

@@ -1,0 +1,294 @@
+"""P/D faults with real NIXL on loopback (issue 15, item 1): every fault ends within a bound, and
+afterwards neither instance holds an engine request or a KV block.
+
+One prefill instance (`--tokens-only`, kv_producer) and two decode instances (kv_consumer): one with
+vLLM's default `kv_load_failure_policy: fail` and one with `recompute`, all with a short NIXL
+lease (`kv_connector_extra_config.kv_lease_duration`, vLLM's default 30 s) and a short
+remote-prefill deadline (`DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S`, our default 8 s). Real
+engines with seeded weights (tests/pd_pair.py), one start-up for the module; the tests run in
+file order and the last two kill an instance each (a decode instance, then the prefill one).
+
+"Holds nothing" is read from /metrics: `vllm:num_requests_running` and `..._waiting` 0,
+`decode_server_live_request_states` 0, and `vllm:kv_cache_usage_perc` 0 (on the prefill side
+the blocks kept for a remote decode are the only thing that holds it above 0 once idle).
+Measured times are printed (`-s`) as `MEASURED ...` lines.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import servers
+from tests.pd_pair import (
+    kv_config,
+    kv_usage,
+    metrics,
+    nixl_env,
+    nixl_server,
+    omp_binds,
+    require_nixl,
+    salt,
+    seeded_model_dir,
+    start_all,
+    stop_all,
+)
+from tests.support import GENERATE
+
+pytestmark = pytest.mark.timeout(600)
+
+LEASE_S = 5  # kv_lease_duration on all three (vLLM's default: 30)
+FAIL_DEADLINE_S = 7.0  # DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S on the `fail` instance
+RECOMPUTE_DEADLINE_S = 9.0  # ... on the `recompute` one: the 5 s handshake timeout + the recompute
+BOUND_S = 10.0  # the issue's bound for a decode leg that cannot get its KV
+FAULT_TIMEOUT = pytest.mark.timeout(120)
+
+
+class Trio:
+    def __init__(self, prefill: servers.Server, fail: servers.Server, recompute: servers.Server):
+        self.prefill, self.fail, self.recompute = prefill, fail, recompute
+
+
+@pytest.fixture(scope="module")
+def trio(demo_model, log_dir, tmp_path_factory):
+    require_nixl()
+    model = seeded_model_dir(demo_model, tmp_path_factory)
+    env = nixl_env(tmp_path_factory)
+    lease = {"kv_lease_duration": LEASE_S}
+    p_bind, d_bind = omp_binds()
+    prefill = nixl_server(
+        "faults-prefill", model, log_dir, env, kv_config("kv_producer", lease), "--tokens-only", bind=p_bind
+    )
+    fail = nixl_server(
+        "faults-decode-fail", model, log_dir,
+        {**env, "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": str(FAIL_DEADLINE_S)},
+        kv_config("kv_consumer", lease, kv_load_failure_policy="fail"), bind=d_bind,
+    )
+    recompute = nixl_server(
+        "faults-decode-recompute", model, log_dir,
+        {**env, "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": str(RECOMPUTE_DEADLINE_S)},
+        kv_config("kv_consumer", lease, kv_load_failure_policy="recompute"),
+    )
+    everyone = [prefill, fail, recompute]
+    try:
+        start_all(everyone)
+        yield Trio(prefill, fail, recompute)
+    finally:
+        for s in everyone:  # a stopped (SIGSTOP) group would not see the SIGTERM
+            _signal(s, signal.SIGCONT)
+        stop_all(everyone)
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _signal(server: servers.Server, sig: int) -> None:
+    """To the server's whole process group: the API server and its engine core."""
+    if server.proc is not None and server.proc.poll() is None:
+        os.killpg(server.proc.pid, sig)
+
+
+def _prompt(n: int = 200) -> list[int]:
+    rnd = random.Random(time.monotonic_ns())
+    return [rnd.randrange(1000, 100_000) for _ in range(n)]
+
+
+def _prefill(trio: Trio, prompt: list[int]) -> dict[str, Any]:
+    body = {
+        "token_ids": prompt,
+        "cache_salt": salt(),
+        "sampling_params": {"max_tokens": 1, "min_tokens": 1},
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+    }
+    r = httpx.post(trio.prefill.url + GENERATE, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_transfer_params"]
+    assert kv["do_remote_prefill"] is True and kv["remote_block_ids"]
+    return kv
+
+
+def _decode_body(prompt: list[int], kv: dict[str, Any] | None, **fields: Any) -> dict[str, Any]:
+    body = {"token_ids": prompt, "cache_salt": salt(), "sampling_params": {"max_tokens": 4, "temperature": 0}, **fields}
+    if kv is not None:
+        body["kv_transfer_params"] = kv
+    return body
+
+
+def _decode(url: str, prompt: list[int], kv: dict[str, Any] | None, **fields: Any) -> tuple[httpx.Response, float]:
+    t0 = time.monotonic()
+    r = httpx.post(url + GENERATE, json=_decode_body(prompt, kv, **fields), timeout=60)
+    return r, time.monotonic() - t0
+
+
+def _holds(url: str) -> dict[str, float]:
+    m = metrics(url)
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting", "decode_server_live_request_states",
+             "vllm:kv_cache_usage_perc")
+    return {n: m[n] for n in names}
+
+
+def _until_idle(url: str, within_s: float, blocks: bool = True) -> float:
+    """Seconds until the instance holds no engine request (and, with `blocks`, no KV block);
+    fails after `within_s`."""
+    t0 = time.monotonic()
+    while True:
+        held = _holds(url)
+        if not blocks:
+            del held["vllm:kv_cache_usage_perc"]
+        if not any(held.values()):
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < within_s, f"{url} still holds {held} after {within_s} s"
+        time.sleep(0.1)
+
+
+def _error(r: httpx.Response) -> dict[str, Any]:
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    return r.json()["error"]
+
+
+def _measured(what: str, seconds: float) -> None:
+    print(f"MEASURED {what}: {seconds:.2f} s")
+
+
+# ----------------------------------------------------------------- the faults
+
+
+def test_both_decode_instances_decode_from_the_prefill_kv(trio):
+    """The set-up works (and each decode instance has done its NIXL handshake with the prefill one)."""
+    for d in (trio.fail, trio.recompute):
+        prompt = _prompt()
+        before = metrics(d.url)['vllm:prompt_tokens_cached_by_source_total{source="p2p"}']
+        r, _ = _decode(d.url, prompt, _prefill(trio, prompt))
+        assert r.status_code == 200, r.text
+        local, _ = _decode(d.url, prompt, None)
+        assert r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
+        assert metrics(d.url)['vllm:prompt_tokens_cached_by_source_total{source="p2p"}'] - before == len(prompt)
+    for s in (trio.prefill, trio.fail, trio.recompute):
+        _until_idle(s.url, 10)
+
+
+@FAULT_TIMEOUT
+def test_an_unreachable_side_channel_fails_fast_or_recomputes_and_the_lease_frees_the_prefill(trio):
+    """Fault 2: `kv_transfer_params` name a prefill engine the decode instance has not met at a port
+    nobody listens on. vLLM's handshake gives up after its 5 s ZMQ timeout: `fail` answers 502
+    naming the prefill instance, `recompute` computes the prompt locally (the same tokens).
+    The prefill instance frees the blocks when its lease runs out."""
+    prompt = _prompt()
+    kv = _prefill(trio, prompt)
+    t_prefilled = time.monotonic()
+    wrong = {**kv, "remote_engine_id": f"nobody-{time.monotonic_ns()}", "remote_port": servers.free_port()}
+    r, took = _decode(trio.fail.url, prompt, wrong)
+    _measured("unreachable side channel, fail policy, time to error", took)
+    assert r.status_code == 502, r.text
+    error = _error(r)
+    assert error["message"].startswith("remote prefill failed: the KV blocks could not be loaded")
+    assert str(wrong["remote_port"]) in error["message"] and error["param"] == "kv_transfer_params"
+    assert took < BOUND_S
+    r, took = _decode(trio.recompute.url, prompt, {**wrong, "remote_engine_id": f"nobody-{time.monotonic_ns()}"})
+    _measured("unreachable side channel, recompute policy, time to the answer", took)
+    assert r.status_code == 200, r.text
+    local, _ = _decode(trio.recompute.url, prompt, None)
+    assert r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
+    assert took < RECOMPUTE_DEADLINE_S + 1
+    for d in (trio.fail, trio.recompute):
+        _until_idle(d.url, 5)
+    _until_idle(trio.prefill.url, LEASE_S + 15)
+    _measured("prefill blocks freed after the prefill answered (lease; polled once both legs ended)",
+              time.monotonic() - t_prefilled)
+
+
+@FAULT_TIMEOUT
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stalled_prefill_instance_ends_the_decode_leg_at_our_deadline(trio, stream):
+    """Fault 4: the prefill instance is stopped (SIGSTOP) after answering: the pull never completes
+    and vLLM does not bound it. At DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S the decode server
+    aborts the engine request and answers 504 before any body (a stream too); once the prefill
+    instance runs again it frees the blocks."""
+    prompt = _prompt()
+    kv = _prefill(trio, prompt)
+    _signal(trio.prefill, signal.SIGSTOP)
+    try:
+        r, took = _decode(trio.fail.url, prompt, kv, stream=stream)
+        _measured(f"stalled prefill (stream={stream}), time to error", took)
+        assert r.status_code == 504, r.text
+        error = _error(r)
+        assert error["message"].startswith(f"remote prefill timed out: no first token {FAIL_DEADLINE_S:g} s after")
+        assert kv["remote_engine_id"] in error["message"]
+        assert FAIL_DEADLINE_S - 0.5 < took < FAIL_DEADLINE_S + 2.5 <= BOUND_S
+        # The engine request is gone at once; its destination blocks stay until the pull ends
+        # (vLLM frees nothing a transfer in flight may still write).
+        _until_idle(trio.fail.url, 5, blocks=False)
+    finally:
+        _signal(trio.prefill, signal.SIGCONT)
+    t_cont = time.monotonic()
+    for s in (trio.fail, trio.prefill):
+        _measured(f"stalled prefill (stream={stream}), {s.name} holds no block after SIGCONT", _until_idle(s.url, LEASE_S + 15))
+
+
+@FAULT_TIMEOUT
+def test_a_client_gone_while_its_kv_is_in_flight_leaves_nothing_held(trio):
+    """Fault 3: the decode leg's client disconnects while its KV pull is outstanding (the prefill
+    instance stopped, so it stays outstanding): the decode server aborts the engine request at
+    once; the prefill instance frees the blocks once it runs again."""
+    prompt = _prompt()
+    kv = _prefill(trio, prompt)
+    name = 'decode_server_aborts_total{cause="client_disconnect"}'
+    before = metrics(trio.fail.url).get(name, 0.0)
+    _signal(trio.prefill, signal.SIGSTOP)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(trio.fail.url + GENERATE, json=_decode_body(prompt, kv, stream=True), timeout=1.5)
+        t_gone = time.monotonic()
+        took = _until_idle(trio.fail.url, 5, blocks=False)
+        _measured("client gone with its KV in flight, decode engine request gone after", took)
+        assert metrics(trio.fail.url).get(name, 0.0) == before + 1
+        assert time.monotonic() - t_gone < FAIL_DEADLINE_S - 1.5, "the abort came from the disconnect, not the deadline"
+    finally:
+        _signal(trio.prefill, signal.SIGCONT)
+    for s in (trio.fail, trio.prefill):
+        _measured(f"client gone, {s.name} holds no block after SIGCONT", _until_idle(s.url, LEASE_S + 15))
+
+
+@FAULT_TIMEOUT
+def test_a_killed_decode_instance_leaves_the_prefill_blocks_to_the_lease(trio):
+    """Fault 5: the decode instance the prefill instance holds blocks for is killed (SIGKILL):
+    nobody will pull or release them, and the prefill instance frees them when the lease
+    (`kv_lease_duration`, here 5 s) runs out, counted in `vllm:nixl_num_kv_expired_reqs`."""
+    prompt = _prompt()
+    expired = "vllm:nixl_num_kv_expired_reqs_total"
+    before = metrics(trio.prefill.url).get(expired, 0.0)
+    kv = _prefill(trio, prompt)
+    t_prefilled = time.monotonic()
+    assert kv_usage(trio.prefill.url) > 0
+    _signal(trio.recompute, signal.SIGKILL)
+    trio.recompute.proc.wait(10)
+    _until_idle(trio.prefill.url, LEASE_S + 15)
+    freed_after = time.monotonic() - t_prefilled
+    _measured("decode killed, prefill blocks freed after the prefill answered (lease)", freed_after)
+    assert freed_after > LEASE_S - 1, "freed before the lease ran out"
+    assert metrics(trio.prefill.url).get(expired, 0.0) >= before + 1
+
+
+@FAULT_TIMEOUT
+def test_a_prefill_instance_killed_before_the_pull_fails_the_decode_leg_within_the_bound(trio):
+    """Fault 1: the prefill instance answers, then is killed (SIGKILL) before the decode engine
+    pulls the KV: the decode leg ends within the bound with a clear error, and the decode
+    instance holds nothing."""
+    prompt = _prompt()
+    kv = _prefill(trio, prompt)
+    _signal(trio.prefill, signal.SIGKILL)
+    trio.prefill.proc.wait(10)
+    r, took = _decode(trio.fail.url, prompt, kv)
+    _measured("prefill killed, time to error", took)
+    assert r.status_code in (502, 504), r.text
+    message = _error(r)["message"]
+    assert message.startswith(("remote prefill failed: the KV blocks", "remote prefill timed out"))
+    assert kv["remote_engine_id"] in message
+    assert took < BOUND_S
+    _until_idle(trio.fail.url, 5)
