@@ -8,7 +8,10 @@ derender stream vs vLLM's coupled chat stream):
   repetitions of frontend CPU ms/token, output tok/s, TTFT p50, TPOT/request p50, E2E p50;
 - per repetition, then summarised the same way: ours ÷ vLLM CPU/token; the overhead above
   the floor, system CPU/token − floor CPU/token (the floor of the same repetition); and the
-  ratio ours-overhead ÷ vLLM-overhead; tok/s and TTFT ratios.
+  ratio ours-overhead ÷ vLLM-overhead; tok/s and TTFT ratios; each server's tok/s ÷ the floor's
+  (with the issue #16 target line for 64 streams: ≥ 0.97× the in-process engine);
+- the TTFT cells (`prompt_len` > 0: unique prompts per request) in their own table: ours ÷ vLLM
+  TTFT p50 and p90 per repetition, and each system's TTFT p50.
 
 Writes OUT/results.md, OUT/headline.json (these aggregates) and the headline plots.
 """
@@ -28,6 +31,7 @@ METRICS = {
     "cpu_ms_per_token": lambda r: r.get("frontend_cpu_ms_per_token"),
     "output_tok_s": lambda r: r["summary"]["output_tok_s"],
     "ttft_p50_ms": lambda r: r["summary"]["ttft_ms"]["p50"],
+    "ttft_p90_ms": lambda r: r["summary"]["ttft_ms"]["p90"],
     "tpot_req_p50_ms": lambda r: r["summary"]["tpot_req_ms"]["p50"],
     "e2e_p50_ms": lambda r: r["summary"]["e2e_ms"]["p50"],
     "foreign_cores": lambda r: r["cpu"].get("foreign_cores"),
@@ -35,8 +39,12 @@ METRICS = {
 PerRep = dict[int, Any]
 
 
+THROUGHPUT_TARGET = (64, 0.97)  # issue #16: SSE throughput at 64 streams >= 0.97x the in-process engine
+
+
 def cell_of(r: dict) -> str:
-    return r.get("cell") or f"{'batch' if r.get('batch') else 'stream'}-L{r['length']}-c{r['concurrency']}"
+    p = r.get("prompt_len") or 0
+    return r.get("cell") or f"{'batch' if r.get('batch') else 'stream'}-L{r['length']}-c{r['concurrency']}" + (f"-p{p}" if p else "")
 
 
 def valid(r: dict) -> bool:
@@ -64,28 +72,39 @@ def comparison(recs: list[dict], cell: str, ours_lv: str, vllm_lv: str) -> dict[
     ov_o, ov_v = paired(o, f, difference), paired(v, f, difference)
     med_o, med_v = spread(ov_o.values())["median"], spread(ov_v.values())["median"]
     sample = next(r for r in recs if cell_of(r) == cell)
+    prompt_len = sample.get("prompt_len") or 0
+    shape = f"{'batch' if sample.get('batch') else 'stream'} c{sample['concurrency']}"
+    if prompt_len:
+        shape += f", {prompt_len}-token prompts, L{sample['length']}"
+    tok_s = {n: s[n]["output_tok_s"] for n in keys}
     return {
         "cell": cell,
         "batch": bool(sample.get("batch")),
         "length": sample["length"],
         "concurrency": sample["concurrency"],
+        "prompt_len": prompt_len,
+        "requests": sample.get("requests"),
         "ours_level": ours_lv,
         "vllm_level": vllm_lv,
-        "label": f"{'batch' if sample.get('batch') else 'stream'} c{sample['concurrency']}: {ours_lv} vs {vllm_lv}",
+        "label": f"{shape}: {ours_lv} vs {vllm_lv}",
         "systems": {name: {m: spread(vals.values()) for m, vals in s[name].items()} for name in keys},
         "cpu_ratio": spread(paired(o, v, ratio).values()),
         "overhead_ms_per_token": {"ours": spread(ov_o.values()), "vllm": spread(ov_v.values())},
         "overhead_ratio": spread(paired(ov_o, ov_v, ratio).values()),
         "overhead_ratio_of_medians": None if med_o is None or not med_v else round(med_o / med_v, 4),
-        "tok_s_ratio": spread(paired(s["ours"]["output_tok_s"], s["vllm"]["output_tok_s"], ratio).values()),
+        "tok_s_ratio": spread(paired(tok_s["ours"], tok_s["vllm"], ratio).values()),
+        # output tok/s of each server ÷ the floor's in the same repetition (the issue #16 throughput target)
+        "tok_s_vs_floor": {n: spread(paired(tok_s[n], tok_s["floor"], ratio).values()) for n in ("ours", "vllm")},
         "ttft_ratio": spread(paired(s["ours"]["ttft_p50_ms"], s["vllm"]["ttft_p50_ms"], ratio).values()),
+        "ttft_p90_ratio": spread(paired(s["ours"]["ttft_p90_ms"], s["vllm"]["ttft_p90_ms"], ratio).values()),
         "per_rep_cpu_ms_per_token": {"ours": o, "vllm": v, "floor": f},
     }
 
 
 def aggregate(recs: list[dict]) -> list[dict[str, Any]]:
-    """Every headline scenario present in the records: stream cells by concurrency, then batch cells."""
-    shapes = {cell_of(r): (bool(r.get("batch")), r["concurrency"], r["length"]) for r in recs}
+    """Every headline scenario present in the records: stream cells by concurrency, then batch cells,
+    then the TTFT cells (prompt_len > 0)."""
+    shapes = {cell_of(r): (bool(r.get("prompt_len")), bool(r.get("batch")), r.get("prompt_len") or 0, r["concurrency"], r["length"]) for r in recs}
     rows = []
     for cell in sorted(shapes, key=shapes.get):
         for ours_lv, vllm_lv in COMPARISONS:
@@ -106,14 +125,49 @@ def sp(x: dict[str, Any], nd: int = 3, iqr: bool = False) -> str:
 def ratio_table(rows: list[dict]) -> list[str]:
     lines = [
         "| scenario | frontend CPU/token, ours ÷ vLLM | overhead above the floor, ours ÷ vLLM | ours − floor ms/token | "
-        "vLLM − floor ms/token | tok/s, ours ÷ vLLM | TTFT p50, ours ÷ vLLM |",
-        "|---|---|---|---|---|---|---|",
+        "vLLM − floor ms/token | tok/s, ours ÷ vLLM | TTFT p50, ours ÷ vLLM | tok/s, ours ÷ floor | tok/s, vLLM ÷ floor |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        vs_floor = r.get("tok_s_vs_floor") or {}
         lines.append(
             f"| {r['label']} | {sp(r['cpu_ratio'], iqr=True)} | {sp(r['overhead_ratio'], iqr=True)} "
             f"(of medians: {fmt(r['overhead_ratio_of_medians'], 3)}) | {sp(r['overhead_ms_per_token']['ours'], 4)} | "
-            f"{sp(r['overhead_ms_per_token']['vllm'], 4)} | {sp(r['tok_s_ratio'])} | {sp(r['ttft_ratio'])} |"
+            f"{sp(r['overhead_ms_per_token']['vllm'], 4)} | {sp(r['tok_s_ratio'])} | {sp(r['ttft_ratio'])} | "
+            f"{sp(vs_floor.get('ours'))} | {sp(vs_floor.get('vllm'))} |"
+        )
+    return lines
+
+
+def throughput_target_lines(rows: list[dict]) -> list[str]:
+    """The issue #16 target, "SSE throughput at 64 streams >= 0.97x the in-process engine", per server."""
+    c, target = THROUGHPUT_TARGET
+    out = []
+    for r in rows:
+        if r["batch"] or r["prompt_len"] or r["concurrency"] != c or r["ours_level"] != "tokens":
+            continue
+        vs = r["tok_s_vs_floor"]
+        med = vs["ours"]["median"]
+        met = "–" if med is None else ("met (median)" if med >= target else "not met (median)")
+        out.append(
+            f"- **Target: SSE throughput at {c} streams ≥ {target}× the in-process engine** ({r['label']}, L{r['length']}, "
+            f"{r.get('requests')} requests): output tok/s **ours ÷ floor {sp(vs['ours'])}**, vLLM ÷ floor {sp(vs['vllm'])} "
+            f"(per-repetition ratios, median [min–max], n = {vs['ours']['n']}): {met}"
+        )
+    return out
+
+
+def ttft_table(rows: list[dict]) -> list[str]:
+    """The TTFT cells (unique prompts per request): ours ÷ vLLM TTFT p50/p90 and each system's p50."""
+    lines = [
+        "| scenario | requests | TTFT p50, ours ÷ vLLM | TTFT p90, ours ÷ vLLM | ours TTFT p50 ms | vLLM TTFT p50 ms | floor TTFT p50 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r["systems"]
+        lines.append(
+            f"| {r['label']} | {r.get('requests')} | {sp(r['ttft_ratio'])} | {sp(r['ttft_p90_ratio'])} | "
+            f"{sp(m['ours']['ttft_p50_ms'], 1)} | {sp(m['vllm']['ttft_p50_ms'], 1)} | {sp(m['floor']['ttft_p50_ms'], 1)} |"
         )
     return lines
 
@@ -137,7 +191,9 @@ def system_table(rows: list[dict]) -> list[str]:
 
 def write_headline_report(out: Path, data: dict) -> None:
     meta, recs = data["meta"], data["scenarios"]
-    rows = aggregate(recs)
+    all_rows = aggregate(recs)
+    rows = [r for r in all_rows if not r["prompt_len"]]
+    ttft_rows = [r for r in all_rows if r["prompt_len"]]
     n = meta.get("repeat")
     title = f"# decode-server benchmarks: headline run ({n} interleaved repetitions), {meta['started']}"
     batch_c = "/".join(str(c) for c in sorted({r["concurrency"] for r in rows if r["batch"]})) or "no"
@@ -149,14 +205,31 @@ def write_headline_report(out: Path, data: dict) -> None:
         "",
         f"Each figure is the median [min–max] over the repetitions (IQR: interquartile range). Ratios and overheads are "
         f"computed per repetition, from runs made back to back (A B, then B A), then summarised. Overhead above the floor = "
-        f"the system's frontend CPU/token − the in-process AsyncLLM's CPU/token in the same repetition. Batch: "
-        f"{batch_c} concurrent `stream: false` requests; their TTFT is the whole response.",
+        f"the system's frontend CPU/token − the in-process AsyncLLM's CPU/token in the same repetition."
+        + (f" Batch: {batch_c} concurrent `stream: false` requests; their TTFT is the whole response." if batch_c != "no" else ""),
         "",
         *ratio_table(rows),
         "",
+        "tok/s ÷ floor: the server's output tok/s ÷ the in-process AsyncLLM's in the same repetition.",
+        *(["", *throughput_target_lines(rows)] if throughput_target_lines(rows) else []),
+        "",
+    ]
+    if ttft_rows:
+        lines += [
+            "## TTFT",
+            "",
+            "Tokens level, streams; every request has its own prompt (its first tokens are the digits of its prompt length, "
+            "repetition and sequence number, then filler text; the same token ids for every system), so vLLM's prefix cache "
+            "(on by default) cannot make prefill free. TTFT = request sent → first event carrying an output token; ratios "
+            "per repetition, then median [min–max].",
+            "",
+            *ttft_table(ttft_rows),
+            "",
+        ]
+    lines += [
         "## Per system",
         "",
-        *system_table(rows),
+        *system_table(all_rows),
         "",
         "## All runs",
         "",
@@ -164,12 +237,14 @@ def write_headline_report(out: Path, data: dict) -> None:
         "",
         *scenario_table(recs),
         "",
-        "Plots: `headline_cpu_per_token.png`, `headline_overhead.png`, `headline_ttft.png`, `headline_throughput.png` "
-        "(bars: medians; error bars: min–max over the repetitions).",
+        "Plots: `headline_cpu_per_token.png`, `headline_overhead.png`, `headline_ttft.png`, `headline_throughput.png`"
+        + (", `headline_ttft_prompts.png` (the TTFT cells)" if ttft_rows else "")
+        + " (bars: medians; error bars: min–max over the repetitions).",
         "",
     ]
     (out / "results.md").write_text("\n".join(lines))
-    (out / "headline.json").write_text(json.dumps(rows, indent=1))
-    from bench.plots import plot_headline
+    (out / "headline.json").write_text(json.dumps(all_rows, indent=1))
+    from bench.plots import plot_headline, plot_headline_ttft
 
     plot_headline(out, rows)
+    plot_headline_ttft(out, ttft_rows)

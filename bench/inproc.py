@@ -7,7 +7,7 @@
 Builds AsyncLLM exactly as decode-server does (vLLM's own AsyncEngineArgs CLI),
 then for each scenario runs N concurrent `generate()` calls with the same
 SamplingParams the generate bodies carry (max_tokens, skip_special_tokens=False,
-the replay script) and DELTA outputs (a scenario with `"batch": true`: FINAL_ONLY,
+the replay script; the same prompt token ids, `Workload.prompt(prompt_len, rep, seq)`) and DELTA outputs (a scenario with `"batch": true`: FINAL_ONLY,
 one output per request, as a non-streaming server request gets), timestamping every
 RequestOutput. Latencies and throughput are computed by the same code as for the
 HTTP load generator (bench.stats). "Frontend" CPU here is this process (AsyncLLM's
@@ -26,13 +26,14 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bench.loadgen import LoadResult, StreamResult
 from bench.measure import CpuMeter, proc_cpu_s, wait_quiet
 from bench.stats import summarize_load
-from bench.workload import Workload
+from bench.workload import WARM_REP, Workload
 
 
 async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_id: str, res: StreamResult, batch: bool) -> None:
@@ -70,6 +71,7 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
     results: list[StreamResult] = []
     issued = 0
     conc, total, length, batch = sc["concurrency"], sc["requests"], sc["length"], bool(sc.get("batch"))
+    prompt_len, rep = sc.get("prompt_len") or 0, sc.get("rep")
 
     async def worker(w: int) -> None:
         nonlocal issued
@@ -78,7 +80,7 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
             issued += 1
             res = StreamResult(label="tokens", start=time.perf_counter())
             results.append(res)
-            await _one(llm, wl.prompt_ids, wl.script(length, seq), length, f"{tag}-{seq}", res, batch)
+            await _one(llm, wl.prompt(prompt_len, rep, seq), wl.script(length, seq), length, f"{tag}-{seq}", res, batch)
 
     started = time.perf_counter()
     tasks = [asyncio.ensure_future(worker(w)) for w in range(conc)]
@@ -113,16 +115,19 @@ async def measure(llm, wl: Workload, sc: dict, tag: str, meter: CpuMeter, me) ->
     return {"scenario": sc, "summary": summary, "cpu": cpu, "quiet": quiet, "engine_tokens": summary["output_tokens"]}
 
 
-async def _warm_up(llm, wl: Workload, batch_too: bool) -> None:
-    """Warm-up, as the HTTP systems get."""
+async def _warm_up(llm, wl: Workload, batch_too: bool, prompt_lens: Iterable[int] = ()) -> None:
+    """Warm-up, as the HTTP systems get (the --bench-serve parent sends long-prompt warm-ups itself)."""
     for batch in (False, True) if batch_too else (False,):
-        warm = {"concurrency": 2, "requests": 2, "length": min(wl.scripts), "time_limit_s": 60, "batch": batch}
+        warm = {"concurrency": 2, "requests": 2, "length": wl.warm_length, "time_limit_s": 60, "batch": batch}
         await run_scenario(llm, wl, warm, f"warmup{int(batch)}")
+    for p in sorted(set(prompt_lens)):
+        warm = {"concurrency": 2, "requests": 2, "length": wl.warm_length, "time_limit_s": 120, "prompt_len": p, "rep": WARM_REP}
+        await run_scenario(llm, wl, warm, f"warmup-p{p}")
 
 
 async def _run_list(llm, wl: Workload, args, meter: CpuMeter, me) -> None:
     scenarios = json.loads(Path(args.bench_scenarios).read_text())
-    await _warm_up(llm, wl, any(sc.get("batch") for sc in scenarios))
+    await _warm_up(llm, wl, any(sc.get("batch") for sc in scenarios), [sc["prompt_len"] for sc in scenarios if sc.get("prompt_len")])
     out = [await measure(llm, wl, sc, f"s{i}", meter, me) for i, sc in enumerate(scenarios)]
     Path(args.bench_out).write_text(json.dumps(out, indent=1))
 

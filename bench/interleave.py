@@ -25,7 +25,7 @@ from bench import systems
 from bench.measure import CpuMeter, available_gib, tree_rss_gib
 from bench.plans import Plan, Scenario
 from bench.runner import Runner, check_render
-from bench.workload import Workload
+from bench.workload import WARM_REP, Workload
 
 MIN_AVAILABLE_GIB = 3.0  # free memory required before each engine start (three engines share 24 GiB)
 LEVEL_RANK = {"tokens": 0, "text": 1, "derender": 2, "chat": 2}
@@ -49,6 +49,43 @@ def schedule(blocks: dict[str, list[Scenario]], repeat: int) -> list[Scenario]:
         for sc in scs:
             cells.setdefault(sc.cell, []).append(sc)
     return [sc for cell in cells.values() for rep in range(repeat) for sc in rep_order(cell, rep)]
+
+
+# The wall-time model of an interleaved run, calibrated on the 2026-12-01 headline run (2 154 s for 95
+# runs, mean 0.33 foreign cores: 1 597 s of runs, 301 s of quiet waits = the whole quiet budget, 194 s
+# of start-ups) and the issue #16 cells' sanity run (1 repetition, 397 s, 1.08 foreign cores): start-up
+# per system, warm-ups and stops, per run a small overhead + output tokens at the engine's rate for that
+# concurrency + prompt tokens at the prefill rate, plus the quiet waits (at most quiet_wait_s per run and
+# quiet_budget_s per run of the mode: on a busy machine the headline's cells before issue #16 spend it all).
+STARTUP_S = 65.0
+FIXED_S = 40.0  # tokenizer, warm-ups, stopping the fleet
+RUN_OVERHEAD_S = 0.5
+STREAM_TOK_S = {1: 330.0, 4: 900.0, 8: 1150.0, 32: 1350.0, 64: 1300.0}
+BATCH_TOK_S = {32: 1700.0}
+PREFILL_TOK_S = 20000.0  # unique prompts (the floor prefilled 50 k tok/s, the servers ~10 k under 1.7 foreign cores)
+
+
+def _rate(table: dict[int, float], c: int) -> float:
+    """Output tok/s at concurrency c: the table's value, linear in between, flat outside."""
+    ks = sorted(table)
+    if c <= ks[0]:
+        return table[ks[0]]
+    for lo, hi in zip(ks, ks[1:]):
+        if c <= hi:
+            return table[lo] + (table[hi] - table[lo]) * (c - lo) / (hi - lo)
+    return table[ks[-1]]
+
+
+def run_estimate_s(sc: Scenario) -> float:
+    """Estimated seconds for one run of a scenario, its quiet wait not included."""
+    rate = _rate(BATCH_TOK_S if sc.batch else STREAM_TOK_S, sc.concurrency)
+    return RUN_OVERHEAD_S + sc.length * sc.requests / rate + sc.prompt_len * sc.requests / PREFILL_TOK_S
+
+
+def estimate_s(runs: list[Scenario], n_systems: int, quiet_wait_s: float = 5.0, quiet_budget_s: float = 300.0) -> float:
+    """Estimated wall time of an interleaved run on a busy machine (every quiet wait runs to its cap)."""
+    quiet = min(quiet_budget_s, quiet_wait_s * len(runs))
+    return STARTUP_S * n_systems + FIXED_S + quiet + sum(run_estimate_s(sc) for sc in runs)
 
 
 class Fleet:
@@ -96,6 +133,15 @@ class Fleet:
         return proc is not None and proc.poll() is None
 
 
+def warm_floor(runner: Runner, worker: systems.InprocWorker, scenarios: list[Scenario], L: int) -> None:
+    """The floor's long-prompt warm-ups (its worker warmed the rest): as Runner.warm gives the servers."""
+    for p in sorted({sc.prompt_len for sc in scenarios if sc.prompt_len}):
+        sc = Scenario("inproc", "tokens", L, 2, 2, rep=WARM_REP, prompt_len=p)
+        item = worker.run({**asdict(sc), "name": f"warmup-{sc.id}", "time_limit_s": 120, "quiet_wait_s": 0}, 300)
+        if item["summary"]["errors"]:
+            raise RuntimeError(f"warm-up of inproc/{sc.id} failed: {item['summary']['first_error']}")
+
+
 def _run_floor(runner: Runner, worker: systems.InprocWorker, sc: Scenario) -> None:
     quiet = runner.quiet(CpuMeter(worker.pid))
     item = worker.run({**asdict(sc), "name": sc.id, "time_limit_s": runner.time_limit_s, "quiet_wait_s": 0}, runner.time_limit_s + 180)
@@ -108,15 +154,20 @@ def run_interleaved(runner: Runner, pl: Plan, blocks: dict[str, list[Scenario]],
     meta["repeat"] = pl.repeat
     meta["schedule"] = [sc.id for sc in runs]
     tokens = sum(sc.length * sc.requests for sc in runs)
-    runner.log(f"interleaved: {len(runs)} runs ({pl.repeat} repetitions), {tokens} output tokens")
+    est = estimate_s(runs, len(blocks), runner.quiet_wait_s, pl.quiet_budget_s)
+    meta["estimated_s"] = round(est)
+    runner.log(f"interleaved: {len(runs)} runs ({pl.repeat} repetitions), {tokens} output tokens, estimated {est / 60:.1f} min")
     fleet = Fleet(runner, model_dir, pl.flags, wl, list(blocks))
     try:
         fleet.start(meta)
         for name, member in fleet.members.items():
             if name == "vllm":
                 meta["render_matches_vllm"] = check_render(member.url, wl)
-            if name != "inproc" and runner.warm_up:
-                runner.warm(member, wl, blocks[name])
+            if runner.warm_up:
+                if name == "inproc":
+                    warm_floor(runner, member, blocks[name], wl.warm_length)
+                else:
+                    runner.warm(member, wl, blocks[name])
         for i, sc in enumerate(runs):
             if not fleet.alive(sc.system):
                 raise RuntimeError(f"{sc.system} is no longer running:\n{fleet.members[sc.system].log_tail()}")

@@ -25,6 +25,14 @@ HEADLINE_LENGTH = 512
 HEADLINE_REPEAT = 5
 HEADLINE_STREAM_CONCS = (8, 32)
 HEADLINE_BATCH_CONCS = (32,)
+# Issue #16: SSE throughput at 64 streams vs the floor (one wave of 64 L512 requests), and TTFT cells
+# (tokens level, streams, unique prompts per request so vLLM's prefix cache cannot make prefill free):
+# (concurrency, requests, output tokens, prompt tokens).
+HEADLINE_C64 = (64, 64, 256)  # concurrency, requests (one wave), output tokens (as the quick mode's c64 cell)
+HEADLINE_TTFT_CELLS = (
+    (32, 256, 8, 256),  # a high request rate of short prompts: 8 x c requests of 8 tokens each
+    (4, 8, 8, 8000),  # 8k-token prompts: prefill dominates (8000 + 24 max tokens < max-model-len 10240)
+)
 
 
 @dataclass(frozen=True)
@@ -36,15 +44,22 @@ class Scenario:
     requests: int
     batch: bool = False  # stream: false (one JSON response per request)
     rep: int | None = None  # repetition index in an interleaved run
+    # 0: the 262-token chat prompt, the same for every request; N > 0: an N-token filler prompt,
+    # unique per (N, repetition, request) and identical for every system (bench.workload.unique_prompt)
+    prompt_len: int = 0
+
+    @property
+    def _shape(self) -> str:
+        return f"L{self.length}-c{self.concurrency}" + (f"-p{self.prompt_len}" if self.prompt_len else "")
 
     @property
     def cell(self) -> str:
         """The load shape, shared by every system and level compared with each other."""
-        return f"{'batch' if self.batch else 'stream'}-L{self.length}-c{self.concurrency}"
+        return f"{'batch' if self.batch else 'stream'}-{self._shape}"
 
     @property
     def id(self) -> str:
-        base = f"{self.system}-{self.level}-L{self.length}-c{self.concurrency}"
+        base = f"{self.system}-{self.level}-{self._shape}"
         return base + ("-batch" if self.batch else "") + ("" if self.rep is None else f"-r{self.rep}")
 
 
@@ -62,6 +77,7 @@ class Plan:
     retries: int = MAX_RETRIES
     warm: bool = True
     repeat: int = 1  # > 1: interleaved repetitions (headline)
+    warm_length: int | None = None  # warm-up requests' length (None: the shortest of >= 64 tokens)
     interleaved: bool = False
 
     def scenarios(self) -> list[Scenario]:
@@ -146,7 +162,8 @@ def _full() -> Plan:
 
 def _headline(repeat: int) -> Plan:
     """8 and 32 concurrent streams (tokens, text, derender vs coupled chat) and 32 concurrent batch
-    requests (tokens, text), each against the in-process floor; `repeat` interleaved repetitions."""
+    requests (tokens, text); then (issue #16) 64 streams and the TTFT cells (tokens level, unique
+    prompts); each against the in-process floor; `repeat` interleaved repetitions."""
     L = HEADLINE_LENGTH
     ours: list[Scenario] = []
     vllm: list[Scenario] = []
@@ -158,9 +175,15 @@ def _headline(repeat: int) -> Plan:
         ours += [Scenario("ours", a, L, c, n, batch) for a, _ in levels]
         vllm += [Scenario("vllm", b, L, c, n, batch) for _, b in levels]
         inproc.append(Scenario("inproc", "tokens", L, c, n, batch))
+    # Issue #16, after the cells above (whose runs and order are unchanged): 64 streams, one wave
+    # (the ">= 0.97x the in-process engine" throughput target), and the TTFT cells.
+    extra = [(*HEADLINE_C64, 0), *HEADLINE_TTFT_CELLS]
+    for c, n, length, prompt_len in extra:
+        for system, blk in (("ours", ours), ("vllm", vllm), ("inproc", inproc)):
+            blk.append(Scenario(system, "tokens", length, c, n, prompt_len=prompt_len))
     return Plan(
         "headline",
-        lengths=[L],
+        lengths=sorted({L, HEADLINE_C64[2], *(length for _, _, length, _ in HEADLINE_TTFT_CELLS)}),
         blocks={"ours": ours, "vllm": vllm, "inproc": inproc},
         time_limit_s=300,
         quiet_wait_s=5,
@@ -168,8 +191,10 @@ def _headline(repeat: int) -> Plan:
         retries=0,  # the repetitions are the noise control; every run is kept
         repeat=repeat,
         interleaved=True,
+        warm_length=L,  # as before the issue #16 cells (whose 8- and 256-token scripts are shorter)
         # All three engines are up at once: a 512 MiB KV cache each (~1M tokens of this 2-layer model's
-        # cache, 40x what 32 x 790 tokens need) keeps three engines well inside the 24 GiB machine.
+        # cache at 2 layers x K+V x 1 KV head x 64 x 2 bytes = 512 B/token; 20x what 64 x 790 tokens
+        # need, 32x the 4 x 8024 of the 8k-prompt cell) keeps three engines well inside the 24 GiB machine.
         flags=systems.engine_flags(kv_bytes=512 * 1024**2),
     )
 

@@ -182,3 +182,21 @@ def plot_headline(out: Path, rows: list[dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(out / "headline_overhead.png", dpi=90)
     plt.close(fig)
+
+
+def plot_headline_ttft(out: Path, rows: list[dict[str, Any]]) -> None:
+    """The TTFT cells (unique prompts): TTFT p50 and p90 per system, one panel per cell (own scale)."""
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 4.5), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        groups = {n: [r["systems"][n]["ttft_p50_ms"], r["systems"][n]["ttft_p90_ms"]] for n in COLORS}
+        _bars(ax, ["TTFT p50", "TTFT p90"], groups, "ms", r["label"].split(":")[0])
+    fig.tight_layout()
+    fig.savefig(out / "headline_ttft_prompts.png", dpi=90)
+    plt.close(fig)

@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--full", action="store_const", const="full", dest="mode", help="the bounded full matrix (default)")
     g.add_argument(
         "--headline", action="store_const", const="headline", dest="mode",
-        help="ours vs vLLM vs the in-process floor at 8/32 streams and 32 batch requests, interleaved --repeat times",
+        help="ours vs vLLM vs the in-process floor at 8/32/64 streams, 32 batch requests and two TTFT cells, interleaved --repeat times",
     )  # fmt: skip
     g.add_argument("--bind-sweep", action="store_const", const="bind-sweep", dest="mode", help="compare VLLM_CPU_OMP_THREADS_BIND values")
     p.add_argument("--repeat", type=int, default=None, help="--headline: repetitions per scenario (default 5)")
@@ -57,16 +57,30 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def list_plan(blocks: dict[str, list[Scenario]], repeat: int) -> None:
+def list_plan(blocks: dict[str, list[Scenario]], repeat: int, pl: Plan | None = None) -> None:
     total = 0
     for block, scs in blocks.items():
         for sc in scs:
             n = sc.length * sc.requests * repeat
             total += n
             times = f" x{repeat}" if repeat > 1 else ""
-            print(f"{block:7s} {sc.id:32s} {sc.requests:3d} requests{times}, {n:7d} output tokens")
+            print(f"{block:7s} {sc.id:36s} {sc.requests:3d} requests{times}, {n:7d} output tokens")
     runs = sum(len(v) for v in blocks.values())
     print(f"{runs} scenarios" + (f", {runs * repeat} runs" if repeat > 1 else "") + f", {total} output tokens")
+    if pl is not None and pl.interleaved:
+        from bench.interleave import estimate_s, run_estimate_s, schedule
+
+        runs_ = schedule(blocks, repeat)
+        per_cell: dict[str, float] = {}
+        for sc in runs_:
+            per_cell[sc.cell] = per_cell.get(sc.cell, 0.0) + run_estimate_s(sc)
+        for cell, s in per_cell.items():
+            print(f"  {cell:28s} ~{s / 60:5.1f} min of runs ({repeat} repetitions)")
+        est = estimate_s(runs_, len(blocks), pl.quiet_wait_s, pl.quiet_budget_s)
+        print(
+            f"estimated wall time ~{est / 60:.1f} min on a busy machine (start-ups, warm-ups and quiet waits of at most "
+            f"{pl.quiet_wait_s:g} s per run and {pl.quiet_budget_s:g} s in all included)"
+        )
 
 
 def new_meta(mode: str, pl: Plan, runner: Runner, wl: Workload, bind: str) -> dict[str, Any]:
@@ -113,7 +127,7 @@ def execute(a: argparse.Namespace, mode: str, pl: Plan, blocks: dict[str, list[S
     model_dir = ensure_model()
     from transformers import AutoTokenizer
 
-    wl = Workload.build(AutoTokenizer.from_pretrained(model_dir), pl.lengths)
+    wl = Workload.build(AutoTokenizer.from_pretrained(model_dir), pl.lengths, pl.warm_length)
     meta = new_meta(mode, pl, runner, wl, a.bind)
     runner.log(f"mode={mode} out={out} bind={a.bind} blocks={list(blocks)} load={meta['loadavg_start']}")
     if pl.interleaved:
@@ -151,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     pl = plan(mode, a.repeat)
     blocks = pl.filtered(a.systems, a.only)
     if a.list:
-        list_plan(blocks, pl.repeat)
+        list_plan(blocks, pl.repeat, pl)
         return 0
     return execute(a, mode, pl, blocks)
 

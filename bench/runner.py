@@ -21,7 +21,7 @@ from bench.loadgen import LoadResult, run_load
 from bench.measure import CpuMeter, generation_tokens_total, wait_quiet
 from bench.plans import RETRY_FOREIGN_CORES, RETRY_MAX_WALL_S, Plan, Scenario
 from bench.stats import raw_trace, summarize_load
-from bench.workload import Workload, chat_request
+from bench.workload import WARM_REP, Workload, chat_request
 
 
 class Runner:
@@ -55,17 +55,22 @@ class Runner:
             return lambda w, i: wl.stream("tokens" if w < half else "derender", sc.length, i)
         if sc.level == "alone":
             return lambda w, i: wl.stream("tokens", sc.length, i)
-        return lambda w, i: wl.stream(sc.level, sc.length, i, batch=sc.batch)
+        return lambda w, i: wl.stream(sc.level, sc.length, i, batch=sc.batch, prompt_len=sc.prompt_len, rep=sc.rep)
 
     def warm(self, server: systems.Server, wl: Workload, scenarios: list[Scenario]) -> None:
-        """Two short requests per distinct (system, level) before measuring (imports, JIT, caches)."""
-        L = min(wl.scripts)
-        for system, level, batch in sorted({(sc.system, sc.level, sc.batch) for sc in scenarios}):
-            sc = Scenario(system, level, L, 2, 2, batch)
+        """Two short requests per distinct (system, level) before measuring (imports, JIT, caches),
+        and two per distinct long prompt length (unique prompts of their own: the first long prefill)."""
+        L = wl.warm_length
+        warm = [Scenario(system, level, L, 2, 2, batch) for system, level, batch in sorted({(sc.system, sc.level, sc.batch) for sc in scenarios})]
+        warm += [
+            Scenario(system, "tokens", L, 2, 2, rep=WARM_REP, prompt_len=p)
+            for system, p in sorted({(sc.system, sc.prompt_len) for sc in scenarios if sc.prompt_len})
+        ]
+        for sc in warm:
             load = arun(run_load(server.url, self.make_stream(wl, sc), concurrency=2, requests=2, time_limit_s=120))
             errs = [r.error for r in load.results if r.error]
             if errs:
-                raise RuntimeError(f"warm-up of {server.name}/{system}/{level} failed: {errs[0]}\n{server.log_tail()}")
+                raise RuntimeError(f"warm-up of {server.name}/{sc.id} failed: {errs[0]}\n{server.log_tail()}")
 
     def quiet(self, meter: CpuMeter) -> dict | None:
         """Wait (bounded per scenario and per run) for other processes to leave the cores alone."""

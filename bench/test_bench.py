@@ -9,6 +9,7 @@ import asyncio
 import json
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from bench.interleave import schedule
 from bench.loadgen import LoadResult, Stream, StreamResult, run_one
 from bench.plans import MODES, Scenario, plan
 from bench.systems import InprocWorker
+from bench.workload import Workload
 
 # ------------------------------------------------------------------ stats
 
@@ -89,22 +91,126 @@ def test_plans_are_typed_and_headline_interleaves() -> None:
     assert rep1 == ["vllm:tokens", "ours:tokens", "vllm:text", "ours:text", "vllm:chat", "ours:derender", "inproc:tokens"]
     batch = {sc.system + ":" + sc.level for sc in runs if sc.batch}
     assert batch == {"inproc:tokens", "ours:tokens", "vllm:tokens", "ours:text", "vllm:text"}
-    assert {sc.concurrency for sc in runs if not sc.batch} == {8, 32}
+    assert {sc.concurrency for sc in runs if not sc.batch and not sc.prompt_len and sc.length == 512} == {8, 32}
     assert Scenario("ours", "tokens", 512, 32, 64, True, 3).id == "ours-tokens-L512-c32-batch-r3"
+    assert Scenario("ours", "tokens", 8, 4, 8, rep=0, prompt_len=8000).id == "ours-tokens-L8-c4-p8000-r0"
+    assert Scenario("vllm", "tokens", 8, 4, 8, prompt_len=8000).cell == "stream-L8-c4-p8000"
     assert plan("quick").filtered("ours", "derender").keys() == {"ours"}
+    assert pl.warm_length == 512 and pl.lengths == [8, 256, 512]
+
+
+# The headline cells as they were before issue #16: (system, level, L, c, requests, batch).
+_HEADLINE_BEFORE_16 = [
+    (sys_, lv, 512, c, 2 * c, batch)
+    for c, batch, levels in ((8, False, 3), (32, False, 3), (32, True, 2))
+    for sys_, lvs in (("ours", ("tokens", "text", "derender")), ("vllm", ("tokens", "text", "chat")))
+    for lv in lvs[:levels]
+] + [("inproc", "tokens", 512, c, 2 * c, b) for c, b in ((8, False), (32, False), (32, True))]
+
+
+def test_headline_plan_issue_16_cells() -> None:
+    """64 streams and the two TTFT cells on all three systems, appended after the unchanged cells."""
+    pl = plan("headline")
+    key = lambda sc: (sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.batch)  # noqa: E731
+    old = [key(sc) for sc in pl.scenarios() if sc.prompt_len == 0 and sc.concurrency != 64]
+    assert sorted(old) == sorted(_HEADLINE_BEFORE_16)
+    new = {(sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.prompt_len) for sc in pl.scenarios() if key(sc) not in _HEADLINE_BEFORE_16}
+    assert new == {(s, "tokens", L, c, n, p) for s in ("ours", "vllm", "inproc") for L, c, n, p in ((256, 64, 64, 0), (8, 32, 256, 256), (8, 4, 8, 8000))}
+    cells = list(dict.fromkeys(sc.cell for sc in schedule(pl.blocks, pl.repeat)))
+    assert cells == ["stream-L512-c8", "stream-L512-c32", "batch-L512-c32", "stream-L256-c64", "stream-L8-c32-p256", "stream-L8-c4-p8000"]
+    # The 8k prompts and their outputs fit the engine's max-model-len; four of them fit the KV cache (512 B/token).
+    flags = pl.flags
+    max_len, kv = int(flags[flags.index("--max-model-len") + 1]), int(flags[flags.index("--kv-cache-memory-bytes") + 1])
+    for sc in pl.scenarios():
+        assert max(sc.prompt_len, 262) + sc.length + 16 <= max_len
+        assert sc.concurrency * (max(sc.prompt_len, 262) + sc.length + 16) * 512 < kv / 10
+    # --only picks the new cells alone; at 5 repetitions they add at most ~8 min to the estimate.
+    from bench.interleave import estimate_s
+
+    only = pl.filtered(None, r"L256-c64|-p[0-9]+")
+    assert {sc.cell for scs in only.values() for sc in scs} == set(cells[3:])
+    before = pl.filtered(None, r"^(?!.*(L256-c64|-p[0-9]+))")
+    assert sum(map(len, before.values())) == len(_HEADLINE_BEFORE_16)
+    est = lambda blocks: estimate_s(schedule(blocks, 5), 3, pl.quiet_wait_s, pl.quiet_budget_s)  # noqa: E731
+    assert 30 * 60 < est(before) < 40 * 60 and 0 < est(pl.blocks) - est(before) < 8 * 60
+
+
+# ------------------------------------------------------------------ unique prompts
+
+
+def _wl() -> Workload:
+    return Workload(prompt_ids=[1, 2, 3], scripts={8: {"content": [7] * 7, "tool": [7] * 7}}, filler_ids=[100, 101, 102], digit_ids=list(range(15, 25)))
+
+
+def test_unique_prompts_per_request() -> None:
+    wl = _wl()
+    assert wl.prompt(0, 3, 5) == [1, 2, 3]  # prompt_len 0: the chat prompt, as before
+    p = wl.prompt(256, 0, 5)
+    assert len(p) == 256 and p[:16] == [15 + int(ch) for ch in "0025600001000005"] and p[16:19] == [100, 101, 102]
+    prompts = {tuple(wl.prompt(n, rep, seq)[:16]) for n in (256, 8000) for rep in (None, 0, 1, 2) for seq in range(300)}
+    assert len(prompts) == 2 * 4 * 300  # the first 16-token block differs: no shared prefix-cache block
+    assert len(wl.prompt(8000, 4, 7)) == 8000
+    # The same ids for every system: the servers' bodies, and the floor's (from the JSON the worker reads).
+    body = wl.stream("tokens", 8, 7, prompt_len=8000, rep=4).body
+    assert body["token_ids"] == wl.prompt(8000, 4, 7) and body["sampling_params"]["extra_args"]["replay_token_ids"] == [7] * 7
+    assert wl.stream("tokens", 8, 7).body["token_ids"] == [1, 2, 3]
+    assert Workload.from_json(wl.to_json()).prompt(8000, 4, 7) == wl.prompt(8000, 4, 7)
+    with pytest.raises(ValueError):
+        wl.stream("chat", 8, 0, prompt_len=256)
+
+
+def test_runner_and_floor_send_the_same_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runner.make_stream (HTTP systems) and bench.inproc.run_scenario (the floor, fed the scenario as
+    the --bench-serve protocol sends it) use the same prompt for each (rep, seq)."""
+    import types
+    from dataclasses import asdict
+
+    from bench import inproc
+    from bench.runner import Runner
+
+    wl = _wl()
+    sc = Scenario("inproc", "tokens", 8, 4, 8, rep=2, prompt_len=300)
+    http = Runner.make_stream(types.SimpleNamespace(), wl, replace(sc, system="ours"))
+    sent = {}
+
+    class FakeLLM:
+        async def generate(self, prompt, sp, req_id):
+            sent[int(req_id.rsplit("-", 1)[1])] = prompt["prompt_token_ids"]
+            out = types.SimpleNamespace(token_ids=sp["extra_args"]["replay_token_ids"] + [0], finish_reason="stop")
+            yield types.SimpleNamespace(outputs=[out])
+
+    fake_vllm = {
+        "vllm.inputs": types.SimpleNamespace(TokensPrompt=dict),
+        "vllm.sampling_params": types.SimpleNamespace(SamplingParams=dict, RequestOutputKind=types.SimpleNamespace(FINAL_ONLY=1, DELTA=0)),
+    }
+    for name, mod in fake_vllm.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    line = json.loads(json.dumps({**asdict(sc), "name": sc.id, "time_limit_s": 30}))  # what InprocWorker.run writes
+    load = asyncio.run(inproc.run_scenario(FakeLLM(), Workload.from_json(wl.to_json()), line, "s0"))
+    assert len(load.results) == 8 and all(r.tokens == 8 for r in load.results)
+    assert sent == {i: http(0, i).body["token_ids"] for i in range(8)}
+    assert len({tuple(p) for p in sent.values()}) == 8
 
 
 # ------------------------------------------------------------------ headline aggregation and report
 
 
-def _record(system: str, level: str, rep: int, cpu: float, ttft: float = 10.0, batch: bool = False) -> dict:
-    sc = Scenario(system, level, 512, 8, 16, batch, rep)
-    d = {"p50": ttft, "p90": ttft, "p99": ttft, "mean": ttft, "n": 16}
-    summary = {"requests": 16, "completed": 16, "errors": 0, "truncated": False, "output_tok_s": 1000.0 + rep, "output_tokens": 8192,
-               "ttft_ms": d, "tpot_ms": d, "tpot_req_ms": d, "e2e_ms": d, "tokens_per_event": 1.0}  # fmt: skip
-    return {"id": sc.id, "system": system, "level": level, "length": 512, "concurrency": 8, "requests": 16, "batch": batch,
-            "rep": rep, "cell": sc.cell, "summary": summary, "cpu": {"foreign_cores": 0.1}, "frontend_cpu_ms_per_token": cpu,
-            "exact_length": True}  # fmt: skip
+def _record(
+    system: str, level: str, rep: int, cpu: float, ttft: float = 10.0, batch: bool = False, *, length: int = 512, c: int = 8,
+    n: int = 16, prompt_len: int = 0, tok_s: float | None = None, ttft_p90: float | None = None,
+) -> dict:  # fmt: skip
+    sc = Scenario(system, level, length, c, n, batch, rep, prompt_len)
+    d = {"p50": ttft, "p90": ttft, "p99": ttft, "mean": ttft, "n": n}
+    summary = {"requests": n, "completed": n, "errors": 0, "truncated": False, "output_tok_s": tok_s or 1000.0 + rep,
+               "output_tokens": length * n, "ttft_ms": {**d, "p90": ttft_p90 or ttft}, "tpot_ms": d, "tpot_req_ms": d, "e2e_ms": d,
+               "tokens_per_event": 1.0}  # fmt: skip
+    return {"id": sc.id, "system": system, "level": level, "length": length, "concurrency": c, "requests": n, "batch": batch,
+            "rep": rep, "prompt_len": prompt_len, "cell": sc.cell, "summary": summary, "cpu": {"foreign_cores": 0.1},
+            "frontend_cpu_ms_per_token": cpu, "exact_length": True}  # fmt: skip
+
+
+_META = {"mode": "headline", "started": "now", "repeat": 5, "machine": {"cpus": 2, "cpu_model": "x", "mem_gib": 23.5, "python": "3",
+         "vllm": "0.32"}, "engine_flags": [], "tool_flags": [], "bind": "auto", "prompt_tokens": 262, "loadavg_start": [0, 0, 0]}  # fmt: skip
 
 
 def test_headline_aggregate_and_report(tmp_path: Path) -> None:
@@ -121,15 +227,59 @@ def test_headline_aggregate_and_report(tmp_path: Path) -> None:
     assert row["overhead_ms_per_token"]["vllm"]["median"] == pytest.approx(0.20)
     assert row["overhead_ratio"]["min"] == pytest.approx(0.5) and row["overhead_ratio"]["max"] == pytest.approx(0.7)
     assert rows[1]["systems"]["ours"]["cpu_ms_per_token"]["n"] == 0
-    meta = {"mode": "headline", "started": "now", "repeat": 5, "machine": {"cpus": 2, "cpu_model": "x", "mem_gib": 23.5, "python": "3",
-            "vllm": "0.32"}, "engine_flags": [], "tool_flags": [], "bind": "auto", "prompt_tokens": 262, "loadavg_start": [0, 0, 0]}  # fmt: skip
     pytest.importorskip("matplotlib")
-    write_headline_report(tmp_path, {"meta": meta, "scenarios": recs})
+    write_headline_report(tmp_path, {"meta": _META, "scenarios": recs})
     md = (tmp_path / "results.md").read_text()
     assert "0.680 [" in md and "headline run (5 interleaved repetitions)" in md
+    assert "## TTFT" not in md and "Target: SSE throughput" not in md
     for png in ("headline_cpu_per_token", "headline_overhead", "headline_ttft", "headline_throughput"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
+    assert not (tmp_path / "headline_ttft_prompts.png").exists()
     assert json.loads((tmp_path / "headline.json").read_text())[0]["cell"] == "stream-L512-c8"
+
+
+def test_headline_issue_16_report(tmp_path: Path) -> None:
+    """64 streams: ours ÷ floor and vLLM ÷ floor tok/s per repetition and the target line; TTFT cells: their table."""
+    recs = []
+    for rep in range(5):
+        floor = 1600.0 + 10 * rep
+        recs += [
+            _record("inproc", "tokens", rep, 0.05, length=256, c=64, n=64, tok_s=floor),
+            _record("ours", "tokens", rep, 0.10, length=256, c=64, n=64, tok_s=floor * (0.95 + 0.01 * rep)),  # 0.95..0.99
+            _record("vllm", "tokens", rep, 0.12, length=256, c=64, n=64, tok_s=floor * 0.90),
+        ]
+        for c, n, p, base in ((32, 256, 256, 20.0), (4, 8, 8000, 400.0)):
+            recs += [
+                _record("inproc", "tokens", rep, 0.3, base * 0.9, length=8, c=c, n=n, prompt_len=p, ttft_p90=base),
+                _record("ours", "tokens", rep, 0.4, base * (1 + 0.01 * rep), length=8, c=c, n=n, prompt_len=p, ttft_p90=base * 1.6),
+                _record("vllm", "tokens", rep, 0.5, base * 1.25, length=8, c=c, n=n, prompt_len=p, ttft_p90=base * 2.0),
+            ]
+    rows = aggregate(recs)
+    assert [r["label"] for r in rows] == [
+        "stream c64: tokens vs tokens",
+        "stream c32, 256-token prompts, L8: tokens vs tokens",
+        "stream c4, 8000-token prompts, L8: tokens vs tokens",
+    ]
+    c64, ttft8k = rows[0], rows[2]
+    assert c64["tok_s_vs_floor"]["ours"]["median"] == pytest.approx(0.97)
+    assert (c64["tok_s_vs_floor"]["ours"]["min"], c64["tok_s_vs_floor"]["ours"]["max"]) == (pytest.approx(0.95), pytest.approx(0.99))
+    assert c64["tok_s_vs_floor"]["vllm"]["median"] == pytest.approx(0.90) and c64["tok_s_vs_floor"]["ours"]["n"] == 5
+    assert ttft8k["ttft_ratio"]["median"] == pytest.approx(1.02 / 1.25) and ttft8k["ttft_p90_ratio"]["median"] == pytest.approx(0.8)
+    assert ttft8k["systems"]["floor"]["ttft_p50_ms"]["median"] == pytest.approx(360.0)
+    pytest.importorskip("matplotlib")
+    write_headline_report(tmp_path, {"meta": _META, "scenarios": recs})
+    md = (tmp_path / "results.md").read_text()
+    ratios = md.split("## Headline ratios")[1].split("## TTFT")[0]
+    assert "| stream c64: tokens vs tokens |" in ratios and "prompts" not in ratios.split("|---|")[1]  # TTFT cells: not here
+    assert "0.970 [0.950–0.990] | 0.900 [0.900–0.900] |" in ratios  # tok/s ours ÷ floor, vLLM ÷ floor columns
+    assert "**Target: SSE throughput at 64 streams ≥ 0.97× the in-process engine**" in ratios
+    assert "**ours ÷ floor 0.970 [0.950–0.990]**, vLLM ÷ floor 0.900 [0.900–0.900]" in ratios and "met (median)" in ratios
+    ttft = md.split("## TTFT")[1].split("## Per system")[0]
+    assert "| stream c4, 8000-token prompts, L8: tokens vs tokens | 8 | 0.816 [0.800–0.832] | 0.800 [0.800–0.800] | 408.0 [400.0–416.0] | 500.0 [500.0–500.0] | 360.0 [360.0–360.0] |" in ttft
+    assert "| stream c32, 256-token prompts, L8: tokens vs tokens | 256 |" in ttft
+    assert "8000-token prompts" in md.split("## Per system")[1]
+    assert (tmp_path / "headline_ttft_prompts.png").stat().st_size > 1000
+    assert {r["prompt_len"] for r in json.loads((tmp_path / "headline.json").read_text())} == {0, 256, 8000}
 
 
 # ------------------------------------------------------------------ load generator: batch requests

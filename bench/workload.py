@@ -10,13 +10,21 @@ from the demo tokenizer:
 
 A script of a response length L has L-1 tokens; the replay processor then forces
 EOS (<|im_end|>), so every response is exactly L output tokens, finish_reason
-"stop" (or "tool_calls" at the derender/chat levels).
+"stop" (or "tool_calls" at the derender/chat levels). Below TOOL_MIN_LENGTH a
+tool call does not fit: both kinds are then the "content" script.
+
+Prompts: the rendered chat prompt (262 tokens, the same for every request), or
+for a scenario with `prompt_len` N > 0 an N-token filler prompt that is unique per
+(N, repetition, request) and the same for every system (`Workload.prompt`): its
+first tokens are the digits of N, the repetition and the request's sequence
+number, so vLLM's prefix cache (on by default) never shares a block between two
+requests, and every system prefills the same token ids.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.loadgen import Stream
@@ -25,6 +33,9 @@ MODEL = "demo"
 GENERATE_PATH = "/inference/v1/generate"
 CHAT_PATH = "/v1/chat/completions"
 KINDS = ("content", "tool")
+TOOL_MIN_LENGTH = 64
+WARM_MIN_LENGTH = 64  # a warm-up of a few decode steps warms nothing: see Workload.warm_length
+WARM_REP = 9999  # the "repetition" of warm-up requests' unique prompts (never a measured one)
 
 TOOLS = [
     {
@@ -98,6 +109,8 @@ def _fill(tokenizer: Any, paragraph: str, n: int) -> list[int]:
 def make_script(tokenizer: Any, kind: str, length: int) -> list[int]:
     """L-1 token ids (the replay processor adds EOS as token L)."""
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    if kind == "tool" and length < TOOL_MIN_LENGTH:
+        kind = "content"
     budget = length - 1
     head = enc("<think>\n")
     mid = enc("\n</think>\n\n")
@@ -119,26 +132,72 @@ def make_script(tokenizer: Any, kind: str, length: int) -> list[int]:
     return script
 
 
+def make_filler(tokenizer: Any) -> list[int]:
+    """The body of a unique prompt (repeated to length): the reasoning and content paragraphs."""
+    return tokenizer.encode(_REASONING + _CONTENT, add_special_tokens=False)
+
+
+def make_digits(tokenizer: Any) -> list[int]:
+    """The token id of each digit 0-9 (one token each in the Qwen tokenizer)."""
+    ids = [tokenizer.encode(str(d), add_special_tokens=False) for d in range(10)]
+    if any(len(x) != 1 for x in ids):
+        raise ValueError(f"digits are not single tokens: {ids}")
+    return [x[0] for x in ids]
+
+
+def unique_prompt(filler: list[int], digits: list[int], n: int, rep: int | None, seq: int) -> list[int]:
+    """N token ids: the digits of N, the repetition and the sequence number, then the filler."""
+    salt = 0 if rep is None else rep + 1
+    head = [digits[int(ch)] for ch in f"{n:05d}{salt:05d}{seq:06d}"]
+    if n <= len(head):
+        raise ValueError(f"prompt_len {n} too short for a unique prompt")
+    body = n - len(head)
+    return head + (filler * (body // len(filler) + 1))[:body]
+
+
 @dataclass
 class Workload:
     prompt_ids: list[int]
     scripts: dict[int, dict[str, list[int]]]  # length -> kind -> token ids
+    filler_ids: list[int] = field(default_factory=list)  # unique prompts (prompt_len > 0)
+    digit_ids: list[int] = field(default_factory=list)
+    warm_len: int = 0  # warm-up requests' length (0: see warm_length)
 
     @classmethod
-    def build(cls, tokenizer: Any, lengths: list[int]) -> Workload:
+    def build(cls, tokenizer: Any, lengths: list[int], warm_length: int | None = None) -> Workload:
         return cls(
             prompt_ids=render_prompt(tokenizer),
-            scripts={L: {k: make_script(tokenizer, k, L) for k in KINDS} for L in sorted(set(lengths))},
+            scripts={L: {k: make_script(tokenizer, k, L) for k in KINDS} for L in sorted(set(lengths) | {warm_length or lengths[0]})},
+            filler_ids=make_filler(tokenizer),
+            digit_ids=make_digits(tokenizer),
+            warm_len=warm_length or 0,
         )
 
     def script(self, length: int, seq: int) -> list[int]:
         """Requests alternate between the two answer kinds."""
         return self.scripts[length][KINDS[seq % len(KINDS)]]
 
+    def prompt(self, prompt_len: int = 0, rep: int | None = None, seq: int = 0) -> list[int]:
+        """The prompt of request `seq`: the chat prompt (prompt_len 0) or a unique filler prompt."""
+        if not prompt_len:
+            return self.prompt_ids
+        return unique_prompt(self.filler_ids, self.digit_ids, prompt_len, rep, seq)
+
+    @property
+    def warm_length(self) -> int:
+        """Warm-up requests' length: as built, else the shortest script of at least WARM_MIN_LENGTH tokens."""
+        if self.warm_len:
+            return self.warm_len
+        long_enough = [L for L in self.scripts if L >= WARM_MIN_LENGTH]
+        return min(long_enough or self.scripts)
+
     # --------------------------------------------------------------- bodies
 
-    def generate_body(self, level: str, length: int, seq: int, *, logprobs: int | None = None, stream: bool = True) -> dict[str, Any]:
-        """A /inference/v1/generate request (streamed unless `stream` is false); level: tokens | text | derender."""
+    def generate_body(
+        self, level: str, length: int, seq: int, *, logprobs: int | None = None, stream: bool = True, prompt: list[int] | None = None
+    ) -> dict[str, Any]:
+        """A /inference/v1/generate request (streamed unless `stream` is false); level: tokens | text | derender.
+        `prompt`: the prompt token ids (default: the chat prompt)."""
         sp: dict[str, Any] = {
             "max_tokens": length + 16,
             "skip_special_tokens": False,  # what /render sends for a chat with tools and a reasoning parser
@@ -148,7 +207,7 @@ class Workload:
             sp["logprobs"] = logprobs
         body: dict[str, Any] = {
             "model": MODEL,
-            "token_ids": self.prompt_ids,
+            "token_ids": self.prompt_ids if prompt is None else prompt,
             "stream": stream,
             "output_mode": level,
             "sampling_params": sp,
@@ -168,18 +227,30 @@ class Workload:
         }
 
     def stream(
-        self, scenario: str, length: int, seq: int, label: str | None = None, derender_url: str | None = None, batch: bool = False
+        self,
+        scenario: str,
+        length: int,
+        seq: int,
+        label: str | None = None,
+        derender_url: str | None = None,
+        batch: bool = False,
+        prompt_len: int = 0,
+        rep: int | None = None,
     ) -> Stream:
-        """The Stream for one request of a scenario level (`batch`: stream false, generate levels only)."""
+        """The Stream for one request of a scenario level (`batch`: stream false, generate levels only;
+        `prompt_len` > 0: a unique prompt of that many tokens for (rep, seq), generate levels only)."""
         label = label or scenario
+        prompt = self.prompt(prompt_len, rep, seq) if prompt_len else None
+        if prompt_len and scenario not in ("tokens", "text", "derender", "text_lp20"):
+            raise ValueError(f"no prompt_len form of {scenario!r}")
         if batch:
             if scenario not in ("tokens", "text", "derender"):
                 raise ValueError(f"no batch form of {scenario!r}")
-            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq, stream=False), kind="batch")
+            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq, stream=False, prompt=prompt), kind="batch")
         if scenario in ("tokens", "text", "derender"):
-            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq))
+            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq, prompt=prompt))
         if scenario == "text_lp20":
-            return Stream(label, GENERATE_PATH, self.generate_body("text", length, seq, logprobs=20))
+            return Stream(label, GENERATE_PATH, self.generate_body("text", length, seq, logprobs=20, prompt=prompt))
         if scenario == "chat":
             return Stream(label, CHAT_PATH, self.chat_body(length, seq))
         if scenario == "rfc":
@@ -199,9 +270,21 @@ class Workload:
         raise ValueError(scenario)
 
     def to_json(self) -> str:
-        return json.dumps({"prompt_ids": self.prompt_ids, "scripts": {str(k): v for k, v in self.scripts.items()}})
+        return json.dumps({
+            "prompt_ids": self.prompt_ids,
+            "scripts": {str(k): v for k, v in self.scripts.items()},
+            "filler_ids": self.filler_ids,
+            "digit_ids": self.digit_ids,
+            "warm_len": self.warm_len,
+        })  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str) -> Workload:
         d = json.loads(text)
-        return cls(prompt_ids=d["prompt_ids"], scripts={int(k): v for k, v in d["scripts"].items()})
+        return cls(
+            prompt_ids=d["prompt_ids"],
+            scripts={int(k): v for k, v in d["scripts"].items()},
+            filler_ids=d.get("filler_ids", []),
+            digit_ids=d.get("digit_ids", []),
+            warm_len=d.get("warm_len", 0),
+        )
