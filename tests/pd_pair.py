@@ -191,11 +191,28 @@ def nixl_server(
     return servers.Server(name, [*argv, *extra, "--kv-transfer-config", kv_transfer_config], log_dir, env={**env, **side_channel})
 
 
+def _start(server: servers.Server) -> servers.Server:
+    """Start it; once more on fresh ports if a port picked free was taken before the server bound it
+    (several engines start at once here, each binding ports of its own)."""
+    try:
+        return server.start()
+    except RuntimeError as e:
+        if "address already in use" not in str(e):
+            raise
+    server.port = servers.free_port()
+    server.url = f"http://127.0.0.1:{server.port}"
+    assert server.argv[-2] == "--port"
+    server.argv[-1] = str(server.port)
+    if "VLLM_NIXL_SIDE_CHANNEL_PORT" in server.env:
+        server.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(servers.free_port())
+    return server.start()
+
+
 def start_all(to_start: list[servers.Server]) -> list[servers.Server]:
     """Start them at once (the wait is one start-up, not several); the started ones, in order."""
     started: list[servers.Server] = []
     with concurrent.futures.ThreadPoolExecutor(len(to_start)) as pool:
-        futures = {pool.submit(s.start): s for s in to_start}
+        futures = {pool.submit(_start, s): s for s in to_start}
         for f in concurrent.futures.as_completed(futures):
             started.append(futures[f])
             f.result()
