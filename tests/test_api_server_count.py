@@ -1,0 +1,232 @@
+"""`--api-server-count 2` on a real engine: two API processes on one socket, one shared engine core.
+
+Which process accepts a connection is not ours to pick (vLLM's least-loaded accept), but every
+response names its process (`X-Api-Server-Index`), and a process with an open connection is not
+the least loaded, so `_connection_to(i)` opens connections (keeping the others open) until one
+lands on process i. The drain test ends the shared server, so it runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests import servers
+from tests.support import GENERATE, scripted
+
+INDEX = "x-api-server-index"
+PROMPT = [9707, 11, 1879]
+
+
+@pytest.fixture(scope="module")
+def scaled(demo_model, log_dir):
+    server = servers.ours("api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", "30")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _connection_to(stack: ExitStack, url: str, index: int, timeout_s: float = 60) -> httpx.Client:
+    """A kept-alive client whose one connection is served by API process `index`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        client = stack.enter_context(httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1)))
+        if client.get("/health").headers[INDEX] == str(index):
+            return client
+        time.sleep(0.05)  # this one stays open: the next connection goes to the other process
+    raise AssertionError(f"no connection reached API process {index} in {timeout_s}s")
+
+
+class _Stream(threading.Thread):
+    """A stream read on its own thread over `client`'s connection."""
+
+    def __init__(self, client: httpx.Client, body: dict[str, Any]):
+        super().__init__(daemon=True)
+        self.client, self.body = client, {**body, "stream": True}
+        self.events: list[str] = []
+        self.index: str | None = None
+        self.start()
+
+    def run(self) -> None:
+        with self.client.stream("POST", GENERATE, json=self.body) as r:
+            self.index = r.headers.get(INDEX)
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(line[6:])
+
+    def wait_tokens(self, chunks: int = 3, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.events) < chunks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(self.events) >= chunks, f"no tokens in {timeout_s}s"
+
+    def finish_reasons(self) -> list[str]:
+        return [
+            c["finish_reason"]
+            for e in self.events
+            if e != "[DONE]" and "choices" in json.loads(e)
+            for c in json.loads(e)["choices"]
+            if c["finish_reason"]
+        ]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _long(request_id: str) -> dict[str, Any]:
+    return scripted(PROMPT, [], request_id=request_id, sampling_params={"max_tokens": 4000, "ignore_eos": True})
+
+
+@pytest.mark.timeout(180, func_only=True)
+@pytest.mark.parametrize("holder", [0, 1])
+def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, holder):
+    other = 1 - holder
+    with ExitStack() as stack:
+        stream = _Stream(_connection_to(stack, scaled.url, holder), _long(f"cross-{holder}"))
+        stream.wait_tokens()
+        assert stream.index == str(holder)
+        before = _metric(httpx.get(scaled.url + "/metrics").text, "decode_server_peer_aborts_total")
+        aborter = _connection_to(stack, scaled.url, other)
+        r = aborter.post("/abort_requests", json={"request_ids": [f"cross-{holder}"]})
+        assert r.status_code == 200 and r.headers[INDEX] == str(other), (r.status_code, r.text)
+        stream.join(10)
+        assert not stream.is_alive(), "the stream did not end within 10 s of its abort"
+        after = _metric(httpx.get(scaled.url + "/metrics").text, "decode_server_peer_aborts_total")
+    assert stream.finish_reasons() == ["abort"] and stream.events[-1] == "[DONE]"
+    assert after - before == 1, "the abort was resolved by the peer process (the cross-process path)"
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_an_abort_before_its_request_reaches_whichever_process_gets_the_request(scaled):
+    with ExitStack() as stack:
+        r = _connection_to(stack, scaled.url, 0).post("/abort_requests", json={"request_ids": ["early-x"]})
+        assert r.status_code == 200, r.text
+        # Process 0 now holds a connection, so this stream goes to process 1: it is remembered there too.
+        stream = _Stream(_connection_to(stack, scaled.url, 1), _long("early-x"))
+        stream.join(20)
+    assert stream.index == "1" and stream.finish_reasons() == ["abort"]
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_a_late_abort_sent_to_another_process_does_not_abort_a_retry(scaled):
+    with ExitStack() as stack:
+        on_0 = _connection_to(stack, scaled.url, 0)
+        first = on_0.post(GENERATE, json=scripted(PROMPT, [9707] * 3, request_id="late-x"))
+        assert first.status_code == 200 and first.headers[INDEX] == "0", first.text
+        r = _connection_to(stack, scaled.url, 1).post("/abort_requests", json={"request_ids": ["late-x"]})
+        assert r.status_code == 200, r.text
+        for client in (on_0, _connection_to(stack, scaled.url, 1)):  # the retry, on either process
+            retry = client.post(GENERATE, json=scripted(PROMPT, [9707] * 3, request_id="late-x"))
+            assert retry.status_code == 200, retry.text
+            assert retry.json()["choices"][0]["finish_reason"] == "stop", "process 0 told process 1 it just finished"
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_metrics_merge_both_processes(scaled):
+    before = httpx.get(scaled.url + "/metrics").text
+    served = {"0": 0, "1": 0}
+    with ExitStack() as stack:
+        for index in (0, 1, 0, 1):
+            r = _connection_to(stack, scaled.url, index).post(GENERATE, json=scripted(PROMPT, [9707] * 2))
+            assert r.status_code == 200, r.text
+            served[r.headers[INDEX]] += 1
+        # Each process renders the merged page; ask both.
+        pages = {i: _connection_to(stack, scaled.url, i).get("/metrics") for i in (0, 1)}
+    assert served == {"0": 2, "1": 2}
+    for index, page in pages.items():
+        assert page.status_code == 200 and page.headers[INDEX] == str(index)
+        text = page.text
+        done = _metric(text, "decode_server_requests_total", output_mode="tokens", status="200")
+        assert done - _metric(before, "decode_server_requests_total", output_mode="tokens", status="200") == 4
+        cpu_series = [l for l in text.splitlines() if l.startswith("decode_server_frontend_cpu_seconds{")]
+        assert len(cpu_series) == 2 and all('pid="' in l for l in cpu_series), cpu_series
+        assert _metric(text, "decode_server_requests_in_flight") == 0
+        assert _metric(text, "decode_server_live_request_states") == 0
+        assert "vllm:generation_tokens_total" in text and "vllm:num_requests_running" in text, "vLLM's own series"
+
+
+def _api_processes(url: str) -> list[psutil.Process]:
+    text = httpx.get(url + "/metrics").text
+    pids = {int(l.split('pid="')[1].split('"')[0]) for l in text.splitlines() if l.startswith("decode_server_frontend_cpu_seconds{")}
+    return [psutil.Process(pid) for pid in pids]
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
+    """Last in this file: it ends the shared server."""
+    workers = _api_processes(scaled.url)
+    assert len(workers) == 2
+    with ExitStack() as stack:
+        clients = {i: _connection_to(stack, scaled.url, i) for i in (0, 1)}
+        longs = {i: _Stream(c, _long(f"drain-long-{i}")) for i, c in clients.items()}
+        for s in longs.values():
+            s.wait_tokens()
+        extra = {i: _connection_to(stack, scaled.url, i) for i in (0, 1)}
+        body = scripted(PROMPT, [9707] * 40, request_id="drain-short")
+        shorts = {i: _Stream(c, {**body, "request_id": f"drain-short-{i}"}) for i, c in extra.items()}
+        for s in shorts.values():
+            s.wait_tokens(1)
+        started = time.monotonic()
+        assert not any(s.events and s.events[-1] == "[DONE]" for s in shorts.values()), "in flight at SIGTERM"
+        scaled.proc.send_signal(signal.SIGTERM)
+        for s in (*longs.values(), *shorts.values()):
+            s.join(60)
+        code = scaled.proc.wait(90)
+        elapsed = time.monotonic() - started
+    assert {s.index for s in longs.values()} == {s.index for s in shorts.values()} == {"0", "1"}
+    for i in (0, 1):
+        assert shorts[i].finish_reasons() == ["stop"], f"process {i}: an in-flight stream completes in the window"
+        assert longs[i].finish_reasons() == ["abort"], f"process {i}: what is left at the deadline ends with abort"
+        assert shorts[i].events[-1] == longs[i].events[-1] == "[DONE]"
+    assert code == 0, scaled.log_tail()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), "every API process exited"
+    assert 30 <= elapsed < 100, elapsed
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_engine_core_death_ends_every_process_nonzero(demo_model, log_dir):
+    server = servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2").start()
+    try:
+        workers = _api_processes(server.url)
+        with ExitStack() as stack:
+            streams = {i: _Stream(_connection_to(stack, server.url, i), _long(f"death-{i}")) for i in (0, 1)}
+            for s in streams.values():
+                s.wait_tokens()
+            children = psutil.Process(server.proc.pid).children(recursive=True)
+            cores = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+            assert cores, [p.name() for p in children]
+            killed = time.monotonic()
+            for p in cores:
+                os.kill(p.pid, signal.SIGKILL)
+            for s in streams.values():
+                s.join(30)
+            code = server.proc.wait(60)
+            elapsed = time.monotonic() - killed
+    finally:
+        server.stop()
+    for i, s in streams.items():
+        assert s.events[-1] == "[DONE]", f"process {i}: {s.events[-3:]}"
+        error = json.loads(s.events[-2])
+        assert error["error"]["code"] == 503 and "dead" in error["error"]["message"].lower(), (i, error)
+    assert code not in (0, None), server.log_tail()
+    exits = [p.wait(5) if p.is_running() else None for p in workers]
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers), exits
+    print(f"engine core killed → parent exited {code} after {elapsed:.1f}s")
+    assert elapsed < 30, f"the parent exited {elapsed:.1f}s after the engine core died"
