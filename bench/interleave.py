@@ -34,11 +34,17 @@ SYSTEM_ORDER = ("ours", "vllm")
 
 def rep_order(cell: list[Scenario], rep: int) -> list[Scenario]:
     """One repetition of a cell: level pairs in order, ours/vllm alternating which goes first per
-    repetition, the floor first on even repetitions and last on odd ones."""
+    repetition, the floor first on even repetitions and last on odd ones. A cell of one run per
+    system is rotated instead (floor ours vllm, ours vllm floor, vllm floor ours, …): with the
+    floor at alternate ends, ours would always run between the other two."""
     first = SYSTEM_ORDER[rep % 2]
     floor = [sc for sc in cell if sc.system == "inproc"]
     http = sorted((sc for sc in cell if sc.system != "inproc"), key=lambda sc: (LEVEL_RANK.get(sc.level, 9), sc.system != first))
-    seq = floor + http if rep % 2 == 0 else http + floor
+    if len(http) == 2 and len(floor) == 1:
+        seq = sorted(cell, key=lambda sc: ("inproc", *SYSTEM_ORDER).index(sc.system))
+        seq = seq[rep % 3 :] + seq[: rep % 3]
+    else:
+        seq = floor + http if rep % 2 == 0 else http + floor
     return [replace(sc, rep=rep) for sc in seq]
 
 

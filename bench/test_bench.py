@@ -89,6 +89,9 @@ def test_plans_are_typed_and_headline_interleaves() -> None:
     rep1 = [sc.system + ":" + sc.level for sc in cell if sc.rep == 1]
     assert rep0 == ["inproc:tokens", "ours:tokens", "vllm:tokens", "ours:text", "vllm:text", "ours:derender", "vllm:chat"]
     assert rep1 == ["vllm:tokens", "ours:tokens", "vllm:text", "ours:text", "vllm:chat", "ours:derender", "inproc:tokens"]
+    # A cell of one run per system rotates, so no system always runs between the other two.
+    c64 = [[sc.system for sc in runs if sc.cell == "stream-L256-c64" and sc.rep == r] for r in range(3)]
+    assert c64 == [["inproc", "ours", "vllm"], ["ours", "vllm", "inproc"], ["vllm", "inproc", "ours"]]
     batch = {sc.system + ":" + sc.level for sc in runs if sc.batch}
     assert batch == {"inproc:tokens", "ours:tokens", "vllm:tokens", "ours:text", "vllm:text"}
     assert {sc.concurrency for sc in runs if not sc.batch and not sc.prompt_len and sc.length == 512} == {8, 32}
