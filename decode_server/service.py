@@ -154,7 +154,7 @@ class GenerateService:
             else:
                 steps = with_text_logprobs(steps, num_top, tokenizer)
         if plan is not None:
-            steps = derender_stream(steps, plan, req.token_ids) if req.stream else derender_batch(steps, plan)
+            steps = derender_stream(steps, plan, req.token_ids, sp) if req.stream else derender_batch(steps, plan)
         return steps
 
     async def release_remote_prefill(self, req: GenerateRequest | None) -> None:

@@ -149,6 +149,24 @@ def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, case: Cas
         assert cc.without_ids(ours_acc) == cc.without_ids(ours_msg)
 
 
+def test_a_stop_string_does_not_bend_the_streamed_tool_call(server, vllm_server, tokenizer):
+    """The engine holds stop-buffer text back but not token ids; our parser sees them in step
+    (decode_server/pipeline/token_aligned_text.py), so a stop string that never matches leaves
+    the streamed message as it is without one. vLLM 0.32's coupled chat streams tag text as
+    content here (docs/vllm-differences.md); its batch message is the oracle for the call."""
+    text = "<think>\nI should call the tool.\n</think>\n\n" + cc.call("get_weather", {"city": "Paris"})
+    script = cc.script_for(tokenizer, text)
+    plain = Case("plain", text, {"tools": [cc.WEATHER]})
+    stopped = Case("stopped", text, {"tools": [cc.WEATHER], "stop": ["zzzz"]})
+    reference = cc.without_ids(cc.accumulate([c["delta"] for c in _choice_deltas(_ours_stream(server, vllm_server, plain, script))]))
+    for _ in range(2):
+        events = _ours_stream(server, vllm_server, stopped, script)
+        assert cc.without_ids(cc.accumulate([c["delta"] for c in _choice_deltas(events)])) == reference
+    theirs = cc.coupled_chat(vllm_server.url, cc.chat_body(**stopped.chat), script, stream=False)["choices"][0]["message"]
+    assert reference["tool_calls"] == cc.without_ids(cc.batch_message(theirs))["tool_calls"]
+    assert reference["reasoning"] == theirs["reasoning"] and reference["content"] == "\n\n"
+
+
 def test_stream_chunks_follow_engine_deltas_and_carry_token_ids(server, vllm_server, tokenizer):
     text = "<think>\nshort\n</think>\n\nHi!"
     script = cc.script_for(tokenizer, text)

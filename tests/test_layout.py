@@ -34,6 +34,7 @@ FLOORS = {
     "decode_server.pipeline.tokens": 5,
     "decode_server.pipeline.logprobs": 5,
     "decode_server.pipeline.derender_plan": 5,
+    "decode_server.pipeline.token_aligned_text": 5,
     "decode_server.pipeline.derender": 6,
     "decode_server.pipeline.wire": 5,
     "decode_server.validate": 6,

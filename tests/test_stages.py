@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import SamplingParams
 
 from decode_server.errors import EngineGenerationError
 from decode_server.pipeline.derender import derender_batch, derender_stream
@@ -137,7 +138,7 @@ def test_derender_without_a_parser_makes_the_text_the_content():
         "function_call": None, "reasoning": None,
     }, "--response-role; every key vLLM's ChatMessage writes, nulls included"
     deltas = [output(choice([11], text="Hel")), output(choice([12], text="lo", finish="stop"), finished=True)]
-    steps = run(derender_stream(token_steps(_aiter(deltas), keep_text_only=True), plan, PROMPT))
+    steps = run(derender_stream(token_steps(_aiter(deltas), keep_text_only=True), plan, PROMPT, SamplingParams()))
     assert [wire_json(c.delta) for s in steps for c in s.choices] == [{"role": "narrator", "content": ""}, {"content": "Hel"}, {"content": "lo"}]
 
 

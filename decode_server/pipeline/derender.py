@@ -16,9 +16,11 @@ from typing import Any
 
 from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
 from vllm.renderers.chat_utils import make_tool_call_id
+from vllm.sampling_params import SamplingParams
 
 from decode_server.pipeline.derender_plan import DerenderPlan
 from decode_server.pipeline.steps import ChoiceStep, Step, role_step
+from decode_server.pipeline.token_aligned_text import TokenAlignedText, holds_text_back
 from protocol.chat import ChatMessage, DeltaMessage, FunctionCall, ToolCall, assistant_message
 
 # ------------------------------------------------------------------ shapes
@@ -50,23 +52,29 @@ _EMPTY_DELTA = DeltaMessage()
 @dataclass(slots=True)
 class _StreamState:
     parser: Any
+    aligned: TokenAlignedText | None  # only where stop strings hold the engine's text back
     tools_streamed: bool = False
 
 
-async def derender_stream(steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int]) -> AsyncIterator[Step]:
+async def derender_stream(
+    steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams
+) -> AsyncIterator[Step]:
     """Streaming: parse_delta per engine delta; a role-only chunk opens each choice."""
     if plan.request is None:
         async for step in _plain_stream(steps, plan):
             yield step
         return
     states: dict[int, _StreamState] = {}
+    align = holds_text_back(sp)
+    tokenizer = plan.derenderer.tokenizer
     try:
         async for step in steps:
             choices: list[ChoiceStep] = []
             for c in step.choices:
                 st = states.get(c.index)
                 if st is None:
-                    st = states[c.index] = _StreamState(plan.new_parser())
+                    aligned = TokenAlignedText(tokenizer, prompt_token_ids, sp) if align else None
+                    st = states[c.index] = _StreamState(plan.new_parser(), aligned)
                     choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
                 _parse_delta(plan, st, c, prompt_token_ids)
                 choices.append(c)
@@ -79,13 +87,19 @@ async def derender_stream(steps: AsyncIterator[Step], plan: DerenderPlan, prompt
 def _parse_delta(plan: DerenderPlan, st: _StreamState, c: ChoiceStep, prompt_token_ids: list[int]) -> None:
     req = plan.request
     finished = c.finish_reason is not None
-    dm = st.parser.parse_delta(
-        delta_text=c.text,
-        delta_token_ids=c.token_ids,
-        request=req,
-        prompt_token_ids=prompt_token_ids,
-        finished=finished,
-    )
+    text, token_ids = c.text, c.token_ids
+    if st.aligned is not None:
+        text, token_ids = st.aligned.step(text, token_ids, finished)
+    if st.aligned is not None and not token_ids and not finished:
+        dm = None  # every id of this step waits for its text: nothing for the parser yet
+    else:
+        dm = st.parser.parse_delta(
+            delta_text=text,
+            delta_token_ids=token_ids,
+            request=req,
+            prompt_token_ids=prompt_token_ids,
+            finished=finished,
+        )
     if dm is not None:
         dm = maybe_filter_parallel_tool_calls(dm, req)
         if dm.tool_calls:
