@@ -85,6 +85,8 @@ class Peers:
             aborted += len(await engine.abort(rest))
         if by_peers and self._metrics.peer_aborts is not None:
             self._metrics.peer_aborts.inc(by_peers)
+        # One line per abort that needed the peers: the only trace of which process did what.
+        log.info("abort %s: %d here, %d by peers (known there: %s; remembered: %s)", unknown, aborted, by_peers, sorted(known), rest)
         return aborted + by_peers
 
     async def refresh_metrics(self) -> None:
@@ -141,4 +143,6 @@ class Peers:
             return {}
         ids = message["ids"]
         aborted = len(await engine.abort(ids, remember=op == "remember"))
-        return {"aborted": aborted, "known": [i for i in ids if engine.knows(i)]}
+        known = [i for i in ids if engine.knows(i)]
+        log.info("peer %s %s: %d aborted here, known here: %s", op, ids, aborted, known)
+        return {"aborted": aborted, "known": known}

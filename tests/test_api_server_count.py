@@ -101,7 +101,8 @@ def _long(request_id: str) -> dict[str, Any]:
 
 
 # Open bug, not diagnosed yet: in 1 of 4 full runs the abort sent to process 0 did not end
-# "cross-1" on process 1 (no peer timeout logged; the stream ran its 4,000 tokens). Rerun once.
+# "cross-1" on process 1 (no peer timeout logged; the stream ran its 4,000 tokens); 40 runs alone,
+# 16 of them with three CPU hogs, did not repeat it. Rerun once; a failure prints the peers' trace.
 @pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(180, func_only=True)
 @pytest.mark.parametrize("holder", [0, 1])
@@ -116,10 +117,11 @@ def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, h
         r = aborter.post("/abort_requests", json={"request_ids": [f"cross-{holder}"]})
         assert r.status_code == 200 and r.headers[INDEX] == str(other), (r.status_code, r.text)
         stream.join(10)
-        assert not stream.is_alive(), "the stream did not end within 10 s of its abort"
+        trace = [line for line in scaled.log_tail(200_000).splitlines() if f"cross-{holder}" in line or "peer" in line]
+        assert not stream.is_alive(), ("the stream did not end within 10 s of its abort", trace[-20:])
         after = _metric(httpx.get(scaled.url + "/metrics").text, "decode_server_peer_aborts_total")
-    assert stream.finish_reasons() == ["abort"] and stream.events[-1] == "[DONE]"
-    assert after - before == 1, "the abort was resolved by the peer process (the cross-process path)"
+    assert stream.finish_reasons() == ["abort"] and stream.events[-1] == "[DONE]", trace[-20:]
+    assert after - before == 1, ("the abort was resolved by the peer process (the cross-process path)", trace[-20:])
 
 
 @pytest.mark.timeout(120, func_only=True)
