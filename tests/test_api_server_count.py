@@ -33,14 +33,41 @@ PROMPT = [9707, 11, 1879]
 
 @pytest.fixture(scope="module")
 def scaled(demo_model, log_dir):
-    server = servers.ours(
-        "api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
-    )
-    server.start()
+    # Open bug (2026-12-01, not diagnosed): in about 2 of 10 starts on this machine an API process
+    # accepts connections but none of its requests ever gets an engine output (the engine core sits
+    # idle; vLLM's own `vllm serve --api-server-count 2` did not do it in 6 starts). The fixture
+    # proves both processes generate before the tests run, and starts the server once more if not,
+    # so the tests below test abort, metrics and drain rather than that bug; the second start must work.
+    for attempt in range(2):
+        server = servers.ours(
+            f"api-server-count-2-{attempt}", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
+        )
+        server.start()
+        hung = _processes_that_do_not_generate(server.url)
+        if not hung:
+            break
+        server.stop()
+        print(f"API processes {hung} never got an engine output after start (the open start-up bug); restarting")
+    else:
+        raise AssertionError(f"API processes {hung} never got an engine output, in two starts")
     try:
         yield server
     finally:
         server.stop()
+
+
+def _processes_that_do_not_generate(url: str) -> list[int]:
+    hung = []
+    with ExitStack() as stack:
+        for index in (0, 1):
+            try:
+                client = _connection_to(stack, url, index, timeout_s=30)
+                r = client.post(GENERATE, json=scripted(PROMPT, [9707], sampling_params={"max_tokens": 1}), timeout=20)
+            except (AssertionError, httpx.TimeoutException):  # no connection reached it, or no output came
+                hung.append(index)
+                continue
+            assert r.status_code == 200, r.text
+    return hung
 
 
 def _connection_to(stack: ExitStack, url: str, index: int, timeout_s: float = 60) -> httpx.Client:
