@@ -90,7 +90,7 @@ def _parse_delta(plan: DerenderPlan, st: _StreamState, c: ChoiceStep, prompt_tok
     text, token_ids = c.text, c.token_ids
     if st.aligned is not None:
         text, token_ids = st.aligned.step(text, token_ids, finished)
-    if st.aligned is not None and not token_ids and not finished:
+    if not (token_ids or finished) and st.aligned is not None:
         dm = None  # every id of this step waits for its text: nothing for the parser yet
     else:
         dm = st.parser.parse_delta(
