@@ -75,14 +75,19 @@ def serve(args: argparse.Namespace, config: ServerConfig, log_format: str) -> in
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        manager, launch = _launch(args, config, log_format)
+        # vLLM's EngineZmqListeners unlinks its ipc paths when it is collected, and the engine
+        # core's connects to them are asynchronous: collected early (whenever the cyclic GC ran),
+        # the core's output sockets could never connect and every request hung. It lives as long
+        # as the server, as in vLLM's run_multi_api_server; the manager's shutdown unlinks them.
+        manager, launch, listeners = _launch(args, config, log_format)
         code = _supervise(manager, launch, stop, float(args.shutdown_timeout))
     except SystemExit:
         return 0 if stop.requested else 1  # stopped while starting
+    del listeners
     return code
 
 
-def _launch(args: argparse.Namespace, config: ServerConfig, log_format: str) -> tuple[Any, Any]:
+def _launch(args: argparse.Namespace, config: ServerConfig, log_format: str) -> tuple[Any, Any, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.launcher import setup_server
     from vllm.usage.usage_lib import UsageContext
@@ -121,7 +126,7 @@ def _launch(args: argparse.Namespace, config: ServerConfig, log_format: str) -> 
             tensor_queue=launch.tensor_queue,
         )
         launch.watched_frontend_processes = manager.processes
-    return manager, launch
+    return manager, launch, listeners
 
 
 def _supervise(manager: Any, launch: Any, stop: _Stop, shutdown_timeout_s: float) -> int:
