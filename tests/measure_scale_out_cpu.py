@@ -1,7 +1,7 @@
 """Frontend CPU per token with --api-server-count N (a measurement, not a test: no assertions).
 
     .venv/bin/python -m tests.measure_scale_out_cpu [--counts 1 2] [--streams 8] [--tokens 512]
-        [--repeat 3] [--bind nobind|0] [--server ours|vllm]
+        [--repeat 3] [--bind nobind|0] [--client-cores 0] [--server ours|vllm]
 
 Starts `decode-server serve` on the demo model once per N (all up together), then, `--repeat` times
 and in rotating order, sends `--streams` concurrent streams of `--tokens` tokens each (ignore_eos)
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -107,10 +108,13 @@ def main(argv: list[str]) -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--bind", default="nobind", help="VLLM_CPU_OMP_THREADS_BIND for the engine (default: %(default)s)")
     p.add_argument("--server", choices=["ours", "vllm"], default="ours", help="vllm: vLLM's own server, for comparison")
+    p.add_argument("--client-cores", type=int, nargs="+", help="run the load generator on these cores (after the servers start)")
     a = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="scale-out-cpu-"))
     model = build_demo_model(tmp / "model")
     up = {count: start(a.server, count, a.streams, model, tmp, a.bind) for count in a.counts}
+    if a.client_cores:  # clients of a decode pod are elsewhere: keep this one off the frontend's core
+        os.sched_setaffinity(0, a.client_cores)
     results: dict[tuple[int, str], list[float]] = {}
     try:
         for rep in range(a.repeat):
@@ -121,7 +125,7 @@ def main(argv: list[str]) -> None:
     finally:
         for server in up.values():
             server.stop()
-    print(f"{a.server}, bind {a.bind}, {a.streams} streams x {a.tokens} tokens, {a.repeat} interleaved repetitions:")
+    print(f"{a.server}, bind {a.bind}, client cores {a.client_cores or 'any'}, {a.streams} streams x {a.tokens} tokens, {a.repeat} interleaved repetitions:")
     for (count, mode), values in sorted(results.items()):
         print(f"  N={count} {mode}: API processes {_summary(values)} us/token")
 
