@@ -77,8 +77,8 @@ def start(which: str, count: int, streams: int, model: Path, logs: Path, bind: s
     return server.start()
 
 
-def measure(server: servers.Server, count: int, streams: int, tokens: int, mode: str) -> tuple[float, list[float]]:
-    """One load: the API processes' CPU µs/token in all, and each process's CPU seconds."""
+def measure(server: servers.Server, count: int, streams: int, tokens: int, mode: str) -> float:
+    """One load: the API processes' CPU µs/token in all (each process's share is printed)."""
     api, cores = _pids(server.proc.pid, count)
     parent = [server.proc.pid] if count > 1 else []
     asyncio.run(_load(server.url, streams, 16, mode))  # warm up
@@ -91,7 +91,7 @@ def measure(server: servers.Server, count: int, streams: int, tokens: int, mode:
     print(f"N={count} {mode}: {total} tokens in {wall:.1f}s; API processes {1e6 * api_s / total:.0f} us/token "
           f"(each: {', '.join(f'{used[p]:.2f}' for p in api)} CPU-s); engine core {1e6 * core_s / total:.0f} us/token; "
           f"parent {parent_s:.2f}s", flush=True)
-    return 1e6 * api_s / total, [used[p] for p in api]
+    return 1e6 * api_s / total
 
 
 def _summary(values: list[float]) -> str:
@@ -121,7 +121,7 @@ def main(argv: list[str]) -> None:
             order = a.counts[rep % len(a.counts):] + a.counts[: rep % len(a.counts)]
             for count in order:
                 for mode in a.modes:
-                    results.setdefault((count, mode), []).append(measure(up[count], count, a.streams, a.tokens, mode)[0])
+                    results.setdefault((count, mode), []).append(measure(up[count], count, a.streams, a.tokens, mode))
     finally:
         for server in up.values():
             server.stop()
