@@ -33,7 +33,7 @@ def ensure_model() -> Path:
     """The demo model, built once with `decode-server demo-model DIR`."""
     if not (MODEL_CACHE / "config.json").exists():
         MODEL_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.check_call([sys.executable, "-m", "decode_server.cli", "demo-model", str(MODEL_CACHE)], cwd=systems.repo_root())
+        subprocess.check_call([sys.executable, "-m", "decode_server.process.cli", "demo-model", str(MODEL_CACHE)], cwd=systems.repo_root())
     return MODEL_CACHE
 
 

@@ -5,7 +5,7 @@ httptools) serving K concurrent streams of N pre-encoded tokens-level frames. A 
 one frame per stream per tick, as the engine's output handler wakes every request once per step;
 the server's CPU time (user + system, psutil) divided by the frames sent is the cost per event.
 
-- `ours`: the production path: a Starlette app with our middleware stack and `decode_server.sse`
+- `ours`: the production path: a Starlette app with our middleware stack and `decode_server.http.sse`
   (sse-starlette's EventSourceResponse, our framing and stalled-reader cut);
 - `sse-send-timeout`: the same app, but the stalled-reader bound left to sse-starlette's own
   `send_timeout` (an anyio cancel scope and a timer around every event: what we did before);
@@ -73,7 +73,7 @@ def _ticker(app_state: dict[str, Any], period_s: float) -> Ticker:
 
 
 def bare_app(frames: int, period_s: float) -> Any:
-    from decode_server.sse import DONE, frame
+    from decode_server.http.sse import DONE, frame
 
     state: dict[str, Any] = {}
     body = frame(CHUNK)
@@ -96,11 +96,11 @@ def ours_app(frames: int, period_s: float, sse_send_timeout: bool = False) -> An
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from decode_server.app import _middleware
+    from decode_server.http.app import _middleware
     from decode_server.config import ServerConfig
     from sse_starlette.sse import EventSourceResponse
 
-    from decode_server.sse import _framed, sse_response
+    from decode_server.http.sse import _framed, sse_response
 
     state: dict[str, Any] = {}
 

@@ -1,6 +1,6 @@
 """Systems under test as loopback subprocesses, all on the same engine configuration.
 
-- ours: `python -m decode_server.cli serve DIR ...` with the qwen3/hermes parsers;
+- ours: `python -m decode_server.process.cli serve DIR ...` with the qwen3/hermes parsers;
 - vllm: `python -m vllm.entrypoints.openai.api_server --model DIR --enable-scale-out ...`
   with the same parser flags (it serves generate, coupled chat, /render and /derender);
   a second instance ("vllm-derender") serves only /derender for the split RFC baseline;
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-REPLAY = "decode_server.replay:ReplayLogitsProcessor"
+REPLAY = "decode_server.tools.replay:ReplayLogitsProcessor"
 MODEL_NAME = "demo"
 GiB = 1024**3
 
@@ -56,7 +56,7 @@ def repo_root() -> Path:
 
 def child_env(bind: str) -> dict[str, str]:
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": bind}
-    # The engine core is a spawned process: it must find decode_server.replay and bench.
+    # The engine core is a spawned process: it must find decode_server.tools.replay and bench.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root()), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -150,7 +150,7 @@ def stop_tree(proc: subprocess.Popen, timeout_s: float = 60, children: list[psut
 
 def ours(model_dir: Path, log_dir: Path, bind: str, flags: list[str]) -> Server:
     argv = [
-        sys.executable, "-m", "decode_server.cli", "serve", str(model_dir),
+        sys.executable, "-m", "decode_server.process.cli", "serve", str(model_dir),
         "--host", "127.0.0.1", "--drain-timeout", "5", *flags, *TOOL_FLAGS,
     ]  # fmt: skip
     return Server("ours", argv, log_dir / "ours.log", bind)

@@ -1,6 +1,6 @@
 """The benchmark's requests: one chat prompt, realistic token scripts, and the request bodies per system.
 
-Outputs are forced by `decode_server.replay:ReplayLogitsProcessor`, so every
+Outputs are forced by `decode_server.tools.replay:ReplayLogitsProcessor`, so every
 system streams exactly the same tokens. A script is a Qwen3-style answer built
 from the demo tokenizer:
 

@@ -78,6 +78,6 @@ class ServerConfig:
     runtime_lora_updating: bool = False
 
 # A remote-prefill (P/D decode-leg) request with no first token this long after it started is
-# aborted with a 504 (decode_server/remote_prefill.py): vLLM's NixlConnector does not bound a
+# aborted with a 504 (decode_server/runtime/kv_transfer.py): vLLM's NixlConnector does not bound a
 # stalled KV transfer. Queueing for a slot counts, and so does a `recompute` of a failed load (0: off).
 REMOTE_PREFILL_TIMEOUT_S = float(os.environ.get("DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S", "8"))

@@ -1,5 +1,5 @@
 """The two legs of a P/D generate request, as pure transformations (no I/O): what llm-d's NIXL v2
-routing sidecar sends to the prefill pool and to the decode pool. `protocol.pd` runs them over
+routing sidecar sends to the prefill pool and to the decode pool. `protocol.clients.pd` runs them over
 httpx (see its docstring for the legs in full)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from decode_server.demo_model import build_demo_model
+from decode_server.tools.demo_model import build_demo_model
 from tests import servers
 
 

@@ -2,7 +2,7 @@
 
 Every case is sent, unchanged, to vLLM 0.32's own server and to ours. Outputs are
 deterministic: every body that can reach the engine carries a replay script
-(`sampling_params.extra_args.replay_token_ids`, see decode_server/replay.py), so
+(`sampling_params.extra_args.replay_token_ids`, see decode_server/tools/replay.py), so
 both engines emit the same tokens; the few bodies that cannot carry one (no
 `sampling_params` at all, or an empty one) use a prompt that leaves at most 6
 tokens of context and are compared by shape only.

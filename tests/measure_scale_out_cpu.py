@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from decode_server.demo_model import build_demo_model
+from decode_server.tools.demo_model import build_demo_model
 from tests import servers
 from tests.support import GENERATE
 

@@ -186,7 +186,7 @@ def nixl_server(
     name: str, model: Path, log_dir: Path, env: dict[str, str], kv_transfer_config: str, *extra: str, bind: str = "nobind"
 ) -> servers.Server:
     """A decode-server with the NixlConnector (`extra`: more flags, e.g. --tokens-only or parsers)."""
-    argv = [sys.executable, "-m", "decode_server.cli", "serve", str(model), *engine_flags_with_real_weights()]
+    argv = [sys.executable, "-m", "decode_server.process.cli", "serve", str(model), *engine_flags_with_real_weights()]
     side_channel = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()), "VLLM_CPU_OMP_THREADS_BIND": bind}
     return servers.Server(name, [*argv, *extra, "--kv-transfer-config", kv_transfer_config], log_dir, env={**env, **side_channel})
 

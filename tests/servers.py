@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-REPLAY = "decode_server.replay:ReplayLogitsProcessor"
+REPLAY = "decode_server.tools.replay:ReplayLogitsProcessor"
 MODEL_NAME = "demo"
 
 # Shared by our servers and vLLM's so both produce the same tokens for the same script.
@@ -86,7 +86,7 @@ class Server:
 
 
 def ours(name: str, model_dir: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
-    argv = [sys.executable, "-m", "decode_server.cli", "serve", str(model_dir), *ENGINE_FLAGS, *extra]
+    argv = [sys.executable, "-m", "decode_server.process.cli", "serve", str(model_dir), *ENGINE_FLAGS, *extra]
     return Server(name, argv, log_dir, env)
 
 

@@ -265,7 +265,7 @@ def test_the_parent_holds_the_engine_listeners_until_its_api_processes_are_shut_
     import gc
     import weakref
 
-    from decode_server import scale_out
+    from decode_server.process import scale_out
 
     class Listeners:  # stands in for vLLM's EngineZmqListeners (unlinks its paths when collected)
         pass

@@ -1,6 +1,6 @@
 """Every `vllm serve` command line parses here, and every frontend flag is accounted for (issue #13).
 
-The CLI is vLLM's own parser; `decode_server.frontend_flags` says what each frontend flag does
+The CLI is vLLM's own parser; `decode_server.process.frontend_flags` says what each frontend flag does
 here, and the README's table is that list. These checks build parsers only (no engine).
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from decode_server.cli import build_parser, server_config
-from decode_server.frontend_flags import IMPLEMENTED, NO_MEANING, frontend_dests, log_flags_without_meaning
+from decode_server.process.cli import build_parser, server_config
+from decode_server.process.frontend_flags import IMPLEMENTED, NO_MEANING, frontend_dests, log_flags_without_meaning
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

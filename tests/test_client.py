@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from decode_server.pd_proxy import build_app as build_pd_proxy
-from protocol.client import AsyncClient, Client, Retry
+from decode_server.tools.pd_proxy import build_app as build_pd_proxy
+from protocol.clients.generate import AsyncClient, Client, Retry
 from protocol.errors import GenerateError
 
 KINDS = ["sync", "async"]
@@ -599,7 +599,7 @@ def test_pd_proxy_without_a_key_forwards_the_callers_authorization(srv):
 
 
 def test_pd_client_errors_keep_headers_and_body(srv):
-    from protocol.pd import PDClient, PrefillLegError
+    from protocol.clients.pd import PDClient, PrefillLegError
 
     raw = json.dumps(error_json(400, "stop strings need a tokenizer", "sampling_params.stop", "BadRequestError")).encode()
 
@@ -616,7 +616,7 @@ def test_pd_client_errors_keep_headers_and_body(srv):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pd_client_stream_parses_sse(srv, kind):
-    from protocol.pd import AsyncPDClient, PDClient
+    from protocol.clients.pd import AsyncPDClient, PDClient
 
     async def answer(request: Request, attempt: int) -> Response:
         body = json.loads(await request.body())

@@ -870,7 +870,7 @@ def test_llm_d_epp_wiring(llm_d):
 
 @pytest.fixture(scope="module")
 def serve_parser():
-    from decode_server.cli import build_parser
+    from decode_server.process.cli import build_parser
 
     return build_parser()
 
@@ -910,12 +910,12 @@ def test_server_cli_accepts_the_manifest_args(serve_parser, directory, deploymen
 
 def test_server_serves_the_probed_and_scraped_routes():
     """/ready and /health (the probes) and /metrics (the PodMonitor, the EPP) are routes of the app."""
-    from decode_server.app import build_app
+    from decode_server.http.app import build_app
 
     try:
         from decode_server.config import ServerConfig
     except ImportError:  # older layout
-        from decode_server.service import ServerConfig
+        from decode_server.generate.service import ServerConfig
 
     # Built, not started: the engine factory and the lifecycle are only used by the lifespan.
     app = build_app(lambda: None, ServerConfig(served_model_names=("probe",)), None)

@@ -23,9 +23,9 @@ from vllm.tokenizers import get_tokenizer
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 from decode_server.config import DerenderConfig
-from decode_server.pipeline import derender
-from decode_server.pipeline.derender_plan import Derenderer
-from decode_server.pipeline.tokens import token_steps
+from decode_server.generate.pipeline import derender
+from decode_server.generate.pipeline.derender_plan import Derenderer
+from decode_server.generate.pipeline.tokens import token_steps
 from tests import chat_cases as cc
 
 EOS = 151645

@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from decode_server import engine as engine_module
+from decode_server.runtime import engine as engine_module
 from tests import servers
 from tests.support import GENERATE, scripted
 

@@ -1,8 +1,15 @@
-"""The shape of the house (issue #11): floors only point down, no stage reaches sideways, rooms stay small."""
+"""The shape of the house: rooms by what changes together, floors only point down, rooms stay small.
+
+Floors (low to high): protocol/ → the base (config, errors, compat) → runtime/ (engine, LoRA, peers,
+metrics, bookkeeping) → generate/pipeline/ (the stages) → generate/ (admission, service) → http/
+(the app and its handlers) → tools/ (separate programs) → process/ (CLI, server, scale-out).
+Inside a room, imports may go any way but round (no cycles).
+"""
 
 from __future__ import annotations
 
 import ast
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -10,41 +17,16 @@ PACKAGE = ROOT / "decode_server"
 MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 350
 
-# The floor of each module; an import may only point at a lower floor (protocol/ is floor 0).
-FLOORS = {
-    "decode_server": 1,
-    "decode_server.config": 1,
-    "decode_server.frontend_flags": 1,
-    "decode_server.errors": 2,
-    "decode_server.access_log": 3,
-    "decode_server.metrics": 3,
-    "decode_server.fingerprint": 3,
-    "decode_server.openapi": 3,
-    "decode_server.auth": 2,
-    "decode_server.demo_model": 3,
-    "decode_server.replay": 3,
-    "decode_server.pd_proxy": 3,
-    "decode_server.sse": 3,
-    "decode_server.engine": 3,
-    "decode_server.peers": 3,
-    "decode_server.lora": 3,
-    "decode_server.remote_prefill": 3,
-    "decode_server.pipeline": 4,
-    "decode_server.pipeline.steps": 4,
-    "decode_server.pipeline.tokens": 5,
-    "decode_server.pipeline.logprobs": 5,
-    "decode_server.pipeline.derender_plan": 5,
-    "decode_server.pipeline.token_aligned_text": 5,
-    "decode_server.pipeline.derender": 6,
-    "decode_server.pipeline.wire": 5,
-    "decode_server.validate": 6,
-    "decode_server.service": 7,
-    "decode_server.request_record": 7,
-    "decode_server.routes": 8,
-    "decode_server.app": 9,
-    "decode_server.server": 9,
-    "decode_server.scale_out": 10,
-    "decode_server.cli": 11,
+BASE = {"decode_server", "decode_server.config", "decode_server.errors", "decode_server.compat"}
+# The room of a module is the longest prefix found here; its floor is the number.
+ROOMS = {
+    "decode_server": 1,  # the base: only the modules in BASE may live at the top level
+    "decode_server.runtime": 2,
+    "decode_server.generate.pipeline": 3,
+    "decode_server.generate": 4,
+    "decode_server.http": 5,
+    "decode_server.tools": 6,
+    "decode_server.process": 7,
 }
 
 
@@ -58,6 +40,10 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+def _room(module: str) -> str:
+    return max((r for r in ROOMS if module == r or module.startswith(r + ".")), key=len)
+
+
 def _imports(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -69,18 +55,36 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_every_module_has_a_floor():
-    assert set(_modules()) == set(FLOORS), "add new modules to FLOORS (and to the README's layout section)"
+def _internal_imports() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {t for t in _imports(path) if t in modules and t != name} for name, path in modules.items()}
+
+
+def test_the_top_level_holds_only_the_base():
+    stray = sorted(m for m in _modules() if _room(m) == "decode_server" and m not in BASE)
+    assert not stray, f"put these in a room (runtime/, generate/, http/, tools/, process/): {stray}"
 
 
 def test_imports_only_point_down_a_floor():
-    modules = _modules()
     wrong = []
-    for name, path in modules.items():
-        for target in _imports(path):
-            if target in FLOORS and target != name and FLOORS[target] >= FLOORS[name] and target != "decode_server":
-                wrong.append(f"{name} (floor {FLOORS[name]}) imports {target} (floor {FLOORS[target]})")
+    for name, targets in _internal_imports().items():
+        for target in targets:
+            if target == "decode_server":
+                continue
+            if _room(target) != _room(name) and ROOMS[_room(target)] >= ROOMS[_room(name)]:
+                wrong.append(f"{name} ({_room(name)}) imports {target} ({_room(target)})")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle_inside_a_room():
+    graph = {
+        name: {t for t in targets if _room(t) == _room(name) and t != "decode_server" and not name.startswith(t + ".")}
+        for name, targets in _internal_imports().items()
+    }
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        raise AssertionError(f"import cycle: {e.args[1]}") from None
 
 
 def test_protocol_imports_nothing_of_vllm_or_the_server():

@@ -20,10 +20,10 @@ import pytest
 from starlette.testclient import TestClient
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from decode_server.app import build_app
+from decode_server.http.app import build_app
 from decode_server.config import ServerConfig
-from decode_server.engine import Engine
-from decode_server.server import Lifecycle
+from decode_server.runtime.engine import Engine
+from decode_server.process.server import Lifecycle
 from tests import servers
 from tests.support import GENERATE, post
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from protocol.client import AsyncClient, Client
+from protocol.clients.generate import AsyncClient, Client
 from protocol.errors import GenerateError
 from tests import servers
 from tests.support import scripted

@@ -3,7 +3,7 @@
 A prefill instance (`--tokens-only`, `kv_producer`) and a decode instance (tokenizer, qwen3 +
 hermes parsers, `kv_consumer`) on loopback, with the KV cache in host memory
 (`kv_buffer_device: cpu`) and NIXL's UCX backend moving it; requests go through
-`protocol.pd` (the legs llm-d's NIXL v2 routing sidecar builds, less the decode-only fields) and
+`protocol.clients.pd` (the legs llm-d's NIXL v2 routing sidecar builds, less the decode-only fields) and
 `decode-server pd-proxy`, and as llm-d-router's sidecar and coordinator send them, byte for byte
 (`tests/llmd_legs.py`).
 
@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import pytest
 
-from protocol.client import Client
-from protocol.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
+from protocol.clients.generate import Client
+from protocol.clients.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
 from tests import llmd_legs, servers
 from tests.pd_pair import _SITECUSTOMIZE, NIXL_PROGRESS_DELAY_US, write_seeded_weights  # noqa: F401
 from tests.pd_pair import engine_flags_with_real_weights as _engine_flags_with_real_weights
@@ -89,7 +89,7 @@ def pd_pair(seeded_model, log_dir, tmp_path_factory):
         "UCX_RCACHE_MAX_UNRELEASED": "1024",
     }
     p_bind, d_bind = _omp_binds()
-    base = [sys.executable, "-m", "decode_server.cli", "serve", str(seeded_model), *_engine_flags_with_real_weights()]
+    base = [sys.executable, "-m", "decode_server.process.cli", "serve", str(seeded_model), *_engine_flags_with_real_weights()]
     prefill = servers.Server(
         "pd-prefill",
         [*base, "--tokens-only", "--kv-transfer-config", _kv_config("kv_producer")],
@@ -120,7 +120,7 @@ def pd_pair(seeded_model, log_dir, tmp_path_factory):
                 started.append(futures[f])
         proxy = servers.Server(
             "pd-proxy",
-            [sys.executable, "-m", "decode_server.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
+            [sys.executable, "-m", "decode_server.tools.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
             log_dir,
         ).start(timeout_s=60)
         started.append(proxy)
@@ -201,7 +201,7 @@ def _decoded(body: dict[str, Any]) -> Any:
 def test_only_an_unambiguous_prefill_leg_is_answered_as_a_tokens_prefill():
     """A prefill leg is `do_remote_decode: true` (top level or in extra_args) with max_tokens 1;
     only that drops the decode-only fields, and only those."""
-    from decode_server.validate import as_tokens_prefill_leg, is_prefill_leg, kv_transfer_params_of
+    from decode_server.generate.rules import as_tokens_prefill_leg, is_prefill_leg, kv_transfer_params_of
 
     caller = scripted(
         [1, 2, 3], [7], output_mode="derender", cache_salt="s", parse_context={"tools": []}, reasoning_ended=True,

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from decode_server.errors import ServerError
-from decode_server.remote_prefill import first_token_within
+from decode_server.runtime.kv_transfer import first_token_within
 from tests import servers
 from tests.pd_pair import (
     kv_config,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decode_server.engine import EngineLimits
+from decode_server.runtime.engine import EngineLimits
 from decode_server.errors import Rejected
-from decode_server.validate import build_sampling_params
+from decode_server.generate.rules import build_sampling_params
 from protocol.generate import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.reliability

@@ -18,13 +18,13 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingParams
 
 from decode_server.errors import EngineGenerationError
-from decode_server.pipeline.derender import derender_batch, derender_stream
+from decode_server.generate.pipeline.derender import derender_batch, derender_stream
 from decode_server.config import DerenderConfig
-from decode_server.pipeline.derender_plan import Derenderer
-from decode_server.pipeline.logprobs import with_integer_logprobs
-from decode_server.pipeline.steps import Step
-from decode_server.pipeline.tokens import token_steps
-from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
+from decode_server.generate.pipeline.derender_plan import Derenderer
+from decode_server.generate.pipeline.logprobs import with_integer_logprobs
+from decode_server.generate.pipeline.steps import Step
+from decode_server.generate.pipeline.tokens import token_steps
+from decode_server.generate.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
 
 PROMPT = [9707, 1879]
 
@@ -145,7 +145,7 @@ def test_derender_without_a_parser_makes_the_text_the_content():
 def _sse_messages(stall_limit_s: float, chunks: list[Any], send_blocks_after: int | None) -> tuple[list[Any], bool]:
     """Run one `sse._Stream` against an ASGI send that never completes after `send_blocks_after`
     messages; return the messages sent and whether the body iterator was closed."""
-    from decode_server import sse
+    from decode_server.http import sse
 
     closed = False
 

@@ -18,9 +18,9 @@ from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.sampling_params import SamplingParams
 
-from decode_server.pipeline.derender_plan import DerenderPlan
-from decode_server.pipeline.steps import ChoiceStep, Step, role_step
-from decode_server.pipeline.token_aligned_text import TokenAlignedText, holds_text_back
+from decode_server.generate.pipeline.derender_plan import DerenderPlan
+from decode_server.generate.pipeline.steps import ChoiceStep, Step, role_step
+from decode_server.generate.pipeline.token_aligned_text import TokenAlignedText, holds_text_back
 from protocol.chat import ChatMessage, DeltaMessage, FunctionCall, ToolCall, assistant_message
 
 # ------------------------------------------------------------------ shapes

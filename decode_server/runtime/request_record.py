@@ -7,9 +7,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from decode_server.access_log import log_request
+from decode_server.runtime.access_log import log_request
 from decode_server.errors import describe
-from decode_server.metrics import Metrics
+from decode_server.runtime.metrics import Metrics
 
 
 class RequestRecord:

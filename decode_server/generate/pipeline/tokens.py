@@ -9,7 +9,7 @@ from vllm.outputs import RequestOutput
 from vllm.utils.serial_utils import numpy2base64
 
 from decode_server.errors import EngineGenerationError
-from decode_server.pipeline.steps import ChoiceStep, Step
+from decode_server.generate.pipeline.steps import ChoiceStep, Step
 
 
 def _passthrough(out: Any) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from decode_server import routes
-from decode_server.auth import ApiKeyMiddleware
+from decode_server.http import routes
+from decode_server.http.auth import ApiKeyMiddleware
 from decode_server.config import ServerConfig
-from decode_server.engine import Engine
+from decode_server.runtime.engine import Engine
 from decode_server.errors import ServerError
-from decode_server.metrics import Metrics
-from decode_server.service import GenerateService
+from decode_server.runtime.metrics import Metrics
+from decode_server.generate.service import GenerateService
 
 
 def _routes(config: ServerConfig) -> list[Route]:

@@ -1,7 +1,7 @@
 """`decode-server pd-proxy`: a tiny prefill/decode router for `POST /inference/v1/generate`.
 
 For each request it runs the prefill leg on `--prefill` and the decode leg on `--decode`,
-exactly as `protocol.pd` (and llm-d's NIXL v2 routing sidecar) does, and returns the decode
+exactly as `protocol.clients.pd` (and llm-d's NIXL v2 routing sidecar) does, and returns the decode
 leg's answer as is: batch JSON, or the SSE stream passed through chunk by chunk. It loads no
 model and imports no vLLM; it is for trying a P/D pair locally and for tests. In a cluster,
 llm-d's routing sidecar plays this role.
@@ -36,11 +36,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from decode_server.auth import ApiKeyMiddleware
+from decode_server.http.auth import ApiKeyMiddleware
 from decode_server.config import DEFAULT_MAX_REQUEST_BYTES
 from protocol.errors import error_body
 from protocol.generate import GenerateRequest
-from protocol.pd import FINGERPRINT_HEADER, AsyncPDClient, PrefillLegError, request_id_of
+from protocol.clients.pd import FINGERPRINT_HEADER, AsyncPDClient, PrefillLegError, request_id_of
 
 _encoder = msgspec.json.Encoder()
 _validate = msgspec.json.Decoder(GenerateRequest)

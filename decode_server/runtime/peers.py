@@ -26,7 +26,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-log = logging.getLogger("decode_server.peers")
+log = logging.getLogger("decode_server.runtime.peers")
 
 PEER_TIMEOUT_S = 2.0
 _encode = msgspec.json.encode

@@ -14,19 +14,19 @@ from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 
 from decode_server.config import ServerConfig
-from decode_server.engine import Engine
+from decode_server.runtime.engine import Engine
 from decode_server.errors import Rejected
-from decode_server.fingerprint import HEADER as FINGERPRINT_HEADER
-from decode_server.fingerprint import parser_fingerprint
-from decode_server.lora import Models
-from decode_server.pipeline.derender import derender_batch, derender_stream
-from decode_server.pipeline.derender_plan import DerenderPlan, Derenderer
-from decode_server.pipeline.logprobs import chat_top_count, with_integer_logprobs, with_text_logprobs
-from decode_server.pipeline.steps import Step
-from decode_server.pipeline.tokens import token_steps
-from decode_server.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
-from decode_server.remote_prefill import first_token_pending, first_token_within, is_remote_prefill
-from decode_server.validate import as_tokens_prefill_leg, build_sampling_params, is_prefill_leg, kv_transfer_params_of
+from decode_server.generate.fingerprint import HEADER as FINGERPRINT_HEADER
+from decode_server.generate.fingerprint import parser_fingerprint
+from decode_server.runtime.lora import Models
+from decode_server.generate.pipeline.derender import derender_batch, derender_stream
+from decode_server.generate.pipeline.derender_plan import DerenderPlan, Derenderer
+from decode_server.generate.pipeline.logprobs import chat_top_count, with_integer_logprobs, with_text_logprobs
+from decode_server.generate.pipeline.steps import Step
+from decode_server.generate.pipeline.tokens import token_steps
+from decode_server.generate.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
+from decode_server.runtime.kv_transfer import first_token_pending, first_token_within, is_remote_prefill
+from decode_server.generate.rules import as_tokens_prefill_leg, build_sampling_params, is_prefill_leg, kv_transfer_params_of
 from protocol.generate import GenerateRequest
 
 

@@ -1,7 +1,7 @@
 """Scripted generation for tests: make vLLM emit a given token sequence.
 
 Enable with the engine arg
-``logits_processors=["decode_server.replay:ReplayLogitsProcessor"]`` and
+``logits_processors=["decode_server.tools.replay:ReplayLogitsProcessor"]`` and
 send requests with ``SamplingParams(extra_args={"replay_token_ids": [...]})``.
 Output position ``i`` is forced to ``replay_token_ids[i]``; once the script
 is used up the processor forces EOS, so the request finishes with

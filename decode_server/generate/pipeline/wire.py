@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm.entrypoints.generate.base.serving import clamp_prompt_logprobs
 
-from decode_server.pipeline.steps import ChoiceStep, Step
+from decode_server.generate.pipeline.steps import ChoiceStep, Step
 from protocol.generate import MODE_TYPES, FinalStreamUsage, PromptTokenUsage, Usage, UsageChunk
 
 

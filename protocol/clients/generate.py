@@ -25,7 +25,7 @@ from httpx_sse import EventSource, ServerSentEvent
 
 from protocol.errors import ErrorResponse, GenerateError
 from protocol.generate import MODE_TYPES, GenerateRequest, UsageChunk
-from protocol.retry import NO_RETRY, NOT_SENT_ERRORS, Retry, parse_retry_after  # noqa: F401 (re-exported)
+from protocol.clients.retry import NO_RETRY, NOT_SENT_ERRORS, Retry, parse_retry_after  # noqa: F401 (re-exported)
 
 __all__ = [
     "ABORT_PATH",
@@ -44,7 +44,7 @@ __all__ = [
 GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATH = "/inference/v1/abort_requests"
 
-log = logging.getLogger("protocol.client")
+log = logging.getLogger("protocol.clients.generate")
 
 _encoder = msgspec.json.Encoder()
 # ---------------------------------------------------------------- bodies and errors

@@ -18,7 +18,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from decode_server.config import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ENGINE_WATCH_INTERVAL_S
 from decode_server.config import REQUEST_HEAD_TIMEOUT_S
 
-log = logging.getLogger("decode_server.server")
+log = logging.getLogger("decode_server.process.server")
 
 
 class Lifecycle:

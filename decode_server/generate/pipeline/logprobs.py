@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob, _logprob_token
 
-from decode_server.pipeline.steps import Step
+from decode_server.generate.pipeline.steps import Step
 from protocol.chat import ChatLogProb, ChatLogProbs, ChatLogProbsContent
 from protocol.generate import GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent
 

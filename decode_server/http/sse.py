@@ -21,7 +21,7 @@ from decode_server.config import STREAM_SEND_TIMEOUT_S
 from decode_server.errors import describe
 from protocol.errors import error_body
 
-log = logging.getLogger("decode_server.sse")
+log = logging.getLogger("decode_server.http.sse")
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"

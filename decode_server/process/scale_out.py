@@ -30,7 +30,7 @@ import uvicorn
 from vllm.entrypoints.launchers.launcher import NoSignalServer
 
 from decode_server.config import DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ServerConfig
-from decode_server.server import DrainingServer
+from decode_server.process.server import DrainingServer
 
 INDEX_HEADER = b"x-api-server-index"
 # After the engine core dies: how long API processes get to end their streams and exit on their own.
@@ -135,7 +135,7 @@ def _supervise(manager: Any, launch: Any, stop: _Stop, shutdown_timeout_s: float
 
     from vllm.v1.utils import wait_for_completion_or_failure
 
-    log = logging.getLogger("decode_server.scale_out")
+    log = logging.getLogger("decode_server.process.scale_out")
     code = 0
     try:
         wait_for_completion_or_failure(
@@ -206,11 +206,11 @@ def run_worker(plan: WorkerPlan, listen_address: str, sock: Any, args: argparse.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.system_utils import decorate_logs, set_process_title
 
-    from decode_server.access_log import configure as configure_logging
-    from decode_server.app import build_app
-    from decode_server.engine import Engine
-    from decode_server.peers import Peers
-    from decode_server.server import Lifecycle, run, uvicorn_config
+    from decode_server.runtime.access_log import configure as configure_logging
+    from decode_server.http.app import build_app
+    from decode_server.runtime.engine import Engine
+    from decode_server.runtime.peers import Peers
+    from decode_server.process.server import Lifecycle, run, uvicorn_config
 
     index = client_config["client_index"]
     set_process_title("APIServer", str(index))

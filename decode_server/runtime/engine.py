@@ -27,7 +27,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from decode_server.config import EARLY_ABORT_MAX_IDS, EARLY_ABORT_TTL_S, STATS_LOG_INTERVAL_S
 
-log = logging.getLogger("decode_server.engine")
+log = logging.getLogger("decode_server.runtime.engine")
 
 
 class _RecentIds:

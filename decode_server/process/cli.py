@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo-model", help="Write the demo model (config, tokenizer, chat template) to DIR.")
     demo.add_argument("dir", type=Path)
-    # Listed for --help only: main() hands `pd-proxy ...` to decode_server.pd_proxy before this
+    # Listed for --help only: main() hands `pd-proxy ...` to decode_server.tools.pd_proxy before this
     # parser (and vLLM) is built; `decode-server pd-proxy --help` shows its flags.
     sub.add_parser(
         "pd-proxy",
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _apply_demo_defaults(args: argparse.Namespace, parser_defaults: dict) -> None:
-    from decode_server.demo_model import DEMO_MODEL_NAME, ensure_demo_model
+    from decode_server.tools.demo_model import DEMO_MODEL_NAME, ensure_demo_model
 
     args.model = str(ensure_demo_model())
     args.load_format = "dummy"
@@ -140,11 +140,11 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
-    from decode_server.access_log import configure as configure_logging
-    from decode_server.app import build_app
-    from decode_server.engine import Engine
-    from decode_server.frontend_flags import log_flags_without_meaning
-    from decode_server.server import Lifecycle, run, uvicorn_config
+    from decode_server.runtime.access_log import configure as configure_logging
+    from decode_server.http.app import build_app
+    from decode_server.runtime.engine import Engine
+    from decode_server.process.frontend_flags import log_flags_without_meaning
+    from decode_server.process.server import Lifecycle, run, uvicorn_config
 
     if args.model_tag is not None:
         args.model = args.model_tag
@@ -158,7 +158,7 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     configure_logging((getattr(args, "log_level", None) or "info").lower(), args.log_format)
     log_flags_without_meaning(args, parser_defaults)
     if (args.api_server_count or 1) > 1:
-        from decode_server.scale_out import serve as serve_scaled_out
+        from decode_server.process.scale_out import serve as serve_scaled_out
 
         return serve_scaled_out(args, server_config(args), args.log_format)
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -170,14 +170,14 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pd-proxy"]:
-        from decode_server.pd_proxy import main as pd_proxy_main
+        from decode_server.tools.pd_proxy import main as pd_proxy_main
 
         pd_proxy_main(argv[1:])
         return
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo-model":
-        from decode_server.demo_model import build_demo_model
+        from decode_server.tools.demo_model import build_demo_model
 
         print(build_demo_model(args.dir))
         return

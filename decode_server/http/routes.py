@@ -23,13 +23,13 @@ from vllm.tracing.utils import contains_trace_headers, extract_trace_headers
 from decode_server import __version__
 from decode_server.config import ServerConfig
 from decode_server.errors import ClientDisconnected, Rejected, ServerError, describe, draining, engine_dead
-from decode_server.fingerprint import HEADER as FINGERPRINT_HEADER
-from decode_server.metrics import Metrics
-from decode_server.openapi import openapi_document
-from decode_server.request_record import RequestRecord
-from decode_server.service import GenerateService
-from decode_server.sse import sse_response
-from decode_server.validate import (
+from decode_server.generate.fingerprint import HEADER as FINGERPRINT_HEADER
+from decode_server.runtime.metrics import Metrics
+from decode_server.http.openapi import openapi_document
+from decode_server.runtime.request_record import RequestRecord
+from decode_server.generate.service import GenerateService
+from decode_server.http.sse import sse_response
+from decode_server.generate.rules import (
     forbid_deep_json,
     forbid_invalid_cache_salt,
     forbid_invalid_raw_cache_salt,
@@ -39,7 +39,7 @@ from protocol.errors import error_body
 from protocol.decoding import MAX_IGNORED_FIELDS, decode_generate_request
 from protocol.generate import AbortRequest, GenerateRequest
 
-log = logging.getLogger("decode_server.routes")
+log = logging.getLogger("decode_server.http.routes")
 _encoder = msgspec.json.Encoder()
 _abort_decoder = msgspec.json.Decoder(AbortRequest)
 

@@ -16,7 +16,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from decode_server.config import MAX_JSON_DEPTH, MAX_REQUEST_ID_CHARS
-from decode_server.engine import EngineLimits
+from decode_server.runtime.engine import EngineLimits
 from decode_server.errors import Rejected
 from protocol.generate import GenerateRequest
 
@@ -220,7 +220,7 @@ def kv_transfer_params_of(req: GenerateRequest) -> dict[str, Any] | None:
 def is_prefill_leg(req: GenerateRequest) -> bool:
     """A P/D router's prefill leg: its KV stays for a remote decoder (`do_remote_decode: true`) and
     it asks for one token, which every router throws away (llm-d's sidecar and coordinator, and
-    `protocol.pd`, keep only the answer's `kv_transfer_params`): its answer never reaches a client."""
+    `protocol.clients.pd`, keep only the answer's `kv_transfer_params`): its answer never reaches a client."""
     kv = kv_transfer_params_of(req)
     return kv is not None and kv.get("do_remote_decode") is True and req.sampling_params.max_tokens == 1
 

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from protocol.client import GENERATE_PATH, _mode, _raise_for, aiter_chunks, error_from_response, iter_chunks
+from protocol.clients.generate import GENERATE_PATH, _mode, _raise_for, aiter_chunks, error_from_response, iter_chunks
 from protocol.errors import GenerateError
 from protocol.generate import MODE_TYPES, GenerateRequest
 from protocol.pd_legs import (  # noqa: F401  (re-exported: the legs are part of this module's API)
@@ -46,7 +46,7 @@ from protocol.pd_legs import (  # noqa: F401  (re-exported: the legs are part of
     request_id_of,
 )
 
-log = logging.getLogger("protocol.pd")
+log = logging.getLogger("protocol.clients.pd")
 
 
 _encoder = msgspec.json.Encoder()
