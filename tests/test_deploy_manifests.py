@@ -683,7 +683,7 @@ def test_cpu_demo_overlay():
     if _kustomize_cmd() is None:
         pytest.skip("no kustomize or kubectl")
     docs = render(CPU_DEMO)
-    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor", "NetworkPolicy"}
     (deployment,) = of_kind(docs, "Deployment")
     c = server_container(deployment)
     argv = expand(c)
