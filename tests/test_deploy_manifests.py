@@ -1,17 +1,22 @@
 """The Kubernetes manifests under deploy/: rendered, schema-validated offline, and checked for the
 things the server relies on (probes, drain, pool flags, HA, llm-d wiring). Starts no engine.
 
-Rendering uses kustomize (`kustomize build`, else `kubectl kustomize`). Without either, a
-kustomization that only lists `resources` is assembled by hand (the base is kept that way on
-purpose) and one that needs kustomize's transformers (the overlays) is skipped.
+Rendering (tests/deploy_render.py) uses kustomize (`kustomize build`, else `kubectl kustomize`).
+Without either, a kustomization that only lists `resources` (and unhashed generated ConfigMaps) is
+assembled by hand (the base and deploy/observability are kept that way on purpose) and one that
+needs kustomize's transformers (the overlays, the components) is skipped. Each component under
+deploy/components/ is rendered on top of the base and of the llm-d overlay.
 
 Validation uses kubernetes-validate, which bundles the Kubernetes JSON schemas in its wheel, so
 nothing is fetched. Strict schemas: an unknown or misspelt field is an error, not ignored.
 
-Custom resources have no bundled schema. The two used here are validated structurally instead,
+Custom resources have no bundled schema. The ones used here are validated structurally instead,
 by hand-written checks of every field these manifests use (unknown fields are errors there too):
-`InferencePool` (inference.networking.k8s.io/v1, Gateway API Inference Extension) and `PodMonitor`
-(monitoring.coreos.com/v1, Prometheus Operator). Any other kind without a schema fails the test.
+`InferencePool` (inference.networking.k8s.io/v1, Gateway API Inference Extension), `PodMonitor`
+and `PrometheusRule` (monitoring.coreos.com/v1, Prometheus Operator) and `ScaledObject`
+(keda.sh/v1alpha1, KEDA). Any other kind without a schema fails the test. The PromQL inside the
+rules, the dashboard and the autoscalers is checked in tests/test_observability.py; who may reach
+which pod port under the NetworkPolicies, in tests/test_network_policy.py.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ import kubernetes_validate  # the `test` extra; bundles the schemas
 import pytest
 import yaml
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-BASE = DEPLOY / "base"
-CPU_DEMO = DEPLOY / "overlays" / "cpu-demo"
-LLM_D = DEPLOY / "overlays" / "llm-d"
-KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
+from tests.deploy_render import (
+    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, DEPLOY, KUSTOMIZATIONS, LLM_D, OBSERVABILITY, Composition,
+    all_containers, kustomize_cmd, load_docs, named, of_kind, pod_labels, pod_spec, port_numbers, render,
+    render_by_hand, render_with_kustomize, selects, tree_id,
+)
+
 
 # The oldest Kubernetes the manifests target (native sidecars are on by default from 1.29), and
 # the newest schema set bundled.
@@ -71,77 +77,7 @@ SIDECAR_KV_CONNECTORS = {"nixlv2", "shared-storage", "sglang", "mooncake", "offl
 SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-# ---------------------------------------------------------------- rendering
-
-
-def _kustomize_cmd() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
-
-
-def _load_docs(text: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all(text) if d is not None]
-
-
-def render_with_kustomize(directory: Path) -> list[dict]:
-    cmd = _kustomize_cmd()
-    assert cmd is not None
-    out = subprocess.run([*cmd, str(directory)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, f"{' '.join(cmd)} {directory} failed:\n{out.stderr[-4000:]}"
-    return _load_docs(out.stdout)
-
-
-def render_by_hand(directory: Path) -> list[dict]:
-    """A kustomization that only lists resources: its files' documents, in order."""
-    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    extra = set(kust) - {"apiVersion", "kind", "resources"}
-    if extra:
-        pytest.skip(f"{directory.relative_to(DEPLOY)} uses {sorted(extra)}: needs kustomize, none installed")
-    docs: list[dict] = []
-    for entry in kust.get("resources", []):
-        path = directory / entry
-        docs += render_by_hand(path) if path.is_dir() else _load_docs(path.read_text())
-    return docs
-
-
-_rendered: dict[Path, list[dict]] = {}
-
-
-def render(directory: Path) -> list[dict]:
-    if directory not in _rendered:
-        _rendered[directory] = render_with_kustomize(directory) if _kustomize_cmd() else render_by_hand(directory)
-    return _rendered[directory]
-
-
-def _id(directory: Path) -> str:
-    return str(directory.relative_to(DEPLOY))
-
-
-def of_kind(docs: list[dict], kind: str) -> list[dict]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def named(docs: list[dict], kind: str, name: str) -> dict:
-    matches = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
-    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
-    return matches[0]
-
-
-def pod_spec(deployment: dict) -> dict:
-    return deployment["spec"]["template"]["spec"]
-
-
-def pod_labels(deployment: dict) -> dict:
-    return deployment["spec"]["template"]["metadata"]["labels"]
-
-
-def all_containers(deployment: dict) -> list[dict]:
-    """Regular containers and init containers (native sidecars included)."""
-    spec = pod_spec(deployment)
-    return [*spec.get("initContainers", []), *spec["containers"]]
+# ---------------------------------------------------------------- rendering helpers
 
 
 def server_deployments(docs: list[dict]) -> list[dict]:
@@ -173,15 +109,6 @@ def expand(c: dict) -> list[str]:
 def flag_value(argv: list[str], flag: str) -> str:
     assert flag in argv, f"{flag} missing from {argv}"
     return argv[argv.index(flag) + 1]
-
-
-def selects(selector: dict, labels: dict) -> bool:
-    return selector.items() <= labels.items()
-
-
-def port_numbers(deployment: dict) -> dict[str, int]:
-    """Every named container port of the pod (all containers), name -> number."""
-    return {p["name"]: p["containerPort"] for c in all_containers(deployment) for p in c.get("ports", []) if "name" in p}
 
 
 def resolves_to_a_port(target: int | str, deployment: dict) -> bool:
@@ -350,12 +277,131 @@ def check_pod_monitor(obj: dict) -> list[str]:
                 c.check(isinstance(ep[key], str) and bool(_DURATION.match(ep[key])), f"{where}.{key}: {ep[key]!r}")
         if "scheme" in ep:
             c.check(ep["scheme"] in ("http", "https", "HTTP", "HTTPS"), f"{where}.scheme: {ep['scheme']!r}")
+        for j, relabel in enumerate(ep.get("relabelings", [])):
+            _check_relabeling(c, relabel, f"{where}.relabelings[{j}]")
+    return c.errors
+
+
+_PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# The Prometheus Operator's RelabelConfig (actions are case-insensitive there).
+_RELABEL_ACTIONS = {"replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
+                    "uppercase", "keepequal", "dropequal"}
+
+
+def _check_relabeling(c: "_Checker", relabel, where: str):
+    if not c.keys(relabel, where, {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}):
+        return
+    action = str(relabel.get("action", "replace")).lower()
+    c.check(action in _RELABEL_ACTIONS, f"{where}.action: {relabel.get('action')!r}")
+    sources = relabel.get("sourceLabels", [])
+    c.check(isinstance(sources, list) and all(isinstance(x, str) and _PROM_LABEL.match(x) for x in sources),
+            f"{where}.sourceLabels: {sources!r}")
+    if action in ("replace", "hashmod", "lowercase", "uppercase", "keepequal", "dropequal"):
+        c.check("targetLabel" in relabel, f"{where}.targetLabel: required for action {action}")
+    if "targetLabel" in relabel:
+        c.check(isinstance(relabel["targetLabel"], str) and bool(_PROM_LABEL.match(relabel["targetLabel"])),
+                f"{where}.targetLabel: {relabel['targetLabel']!r}")
+    if "regex" in relabel:
+        try:
+            re.compile(relabel["regex"])
+        except (re.error, TypeError) as e:
+            c.errors.append(f"{where}.regex: {e}")
+
+
+def check_prometheus_rule(obj: dict) -> list[str]:
+    """PrometheusRule, monitoring.coreos.com/v1: groups of alerting and recording rules. The
+    expressions themselves are parsed by promtool in tests/test_observability.py."""
+    c = _Checker()
+    c.keys(obj, "<root>", {"apiVersion", "kind", "metadata", "spec"}, {"metadata", "spec"})
+    c.metadata(obj)
+    if not c.keys(obj.get("spec"), "spec", {"groups"}, {"groups"}):
+        return c.errors
+    groups = obj["spec"]["groups"]
+    if not isinstance(groups, list) or not groups:
+        return [*c.errors, "spec.groups: expected a non-empty list"]
+    names = [g.get("name") for g in groups if isinstance(g, dict)]
+    c.check(len(names) == len(set(names)), f"spec.groups: duplicate names {names}")
+    for i, group in enumerate(groups):
+        where = f"spec.groups[{i}]"
+        if not c.keys(group, where, {"name", "interval", "rules", "limit", "partial_response_strategy", "query_offset", "labels"},
+                      {"name", "rules"}):
+            continue
+        c.string(group["name"], f"{where}.name")
+        if "interval" in group:
+            c.check(isinstance(group["interval"], str) and bool(_DURATION.match(group["interval"])), f"{where}.interval")
+        for j, rule in enumerate(group["rules"] or []):
+            _check_rule(c, rule, f"{where}.rules[{j}]")
+    return c.errors
+
+
+def _check_rule(c: "_Checker", rule, where: str):
+    if not c.keys(rule, where, {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}, {"expr"}):
+        return
+    c.check(("alert" in rule) != ("record" in rule), f"{where}: exactly one of alert and record")
+    name = rule.get("alert", rule.get("record"))
+    c.check(isinstance(name, str) and bool(re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", name or "")), f"{where}: name {name!r}")
+    c.check(isinstance(rule["expr"], str) and bool(rule["expr"].strip()), f"{where}.expr: expected a PromQL string")
+    for key in ("for", "keep_firing_for"):
+        if key in rule:
+            c.check(isinstance(rule[key], str) and bool(_DURATION.match(rule[key])), f"{where}.{key}: {rule[key]!r}")
+    for key in ("labels", "annotations"):
+        value = rule.get(key, {})
+        c.check(isinstance(value, dict) and all(isinstance(k, str) and _PROM_LABEL.match(k) and isinstance(v, str)
+                                                for k, v in value.items()), f"{where}.{key}: a map of label names to strings")
+    c.check("annotations" not in rule or "alert" in rule, f"{where}.annotations: only alerting rules have them")
+
+
+_KEDA_PROMETHEUS_METADATA = {"serverAddress", "query", "threshold", "activationThreshold", "namespace", "customHeaders",
+                             "ignoreNullValues", "queryParameters", "unsafeSsl", "timeout", "authModes"}
+
+
+def check_scaled_object(obj: dict) -> list[str]:
+    """ScaledObject, keda.sh/v1alpha1 (KEDA 2.x), with prometheus triggers. The HPA behavior it
+    passes through is validated against the Kubernetes HorizontalPodAutoscaler schema."""
+    c = _Checker()
+    c.keys(obj, "<root>", {"apiVersion", "kind", "metadata", "spec"}, {"metadata", "spec"})
+    c.metadata(obj)
+    spec = obj.get("spec")
+    allowed = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount",
+               "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
+    if not c.keys(spec, "spec", allowed, {"scaleTargetRef", "triggers"}):
+        return c.errors
+    if c.keys(spec["scaleTargetRef"], "spec.scaleTargetRef", {"apiVersion", "kind", "name", "envSourceContainerName"}, {"name"}):
+        c.string(spec["scaleTargetRef"]["name"], "spec.scaleTargetRef.name", _DNS_NAME)
+    for key in ("pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount", "minReplicaCount", "maxReplicaCount"):
+        if key in spec:
+            c.check(isinstance(spec[key], int) and not isinstance(spec[key], bool) and spec[key] >= 0, f"spec.{key}: {spec[key]!r}")
+    if isinstance(spec.get("minReplicaCount"), int) and isinstance(spec.get("maxReplicaCount"), int):
+        c.check(spec["minReplicaCount"] <= spec["maxReplicaCount"], "spec.minReplicaCount > spec.maxReplicaCount")
+    advanced = spec.get("advanced", {})
+    if c.keys(advanced, "spec.advanced", {"restoreToOriginalReplicaCount", "horizontalPodAutoscalerConfig", "scalingModifiers"}):
+        hpa_config = advanced.get("horizontalPodAutoscalerConfig", {})
+        if c.keys(hpa_config, "spec.advanced.horizontalPodAutoscalerConfig", {"name", "behavior"}) and "behavior" in hpa_config:
+            hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "behavior"},
+                   "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "x"}, "maxReplicas": 1, "behavior": hpa_config["behavior"]}}
+            c.errors += [f"spec.advanced.horizontalPodAutoscalerConfig.behavior: {e}" for e in schema_errors([hpa])]
+    triggers = spec["triggers"]
+    if not isinstance(triggers, list) or not triggers:
+        return [*c.errors, "spec.triggers: expected a non-empty list"]
+    for i, trigger in enumerate(triggers):
+        where = f"spec.triggers[{i}]"
+        if not c.keys(trigger, where, {"type", "name", "metadata", "authenticationRef", "metricType", "useCachedMetrics"}, {"type", "metadata"}):
+            continue
+        c.check(trigger.get("metricType", "AverageValue") in ("AverageValue", "Value", "Utilization"), f"{where}.metricType")
+        meta = trigger["metadata"]
+        c.check(isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()), f"{where}.metadata: values are strings")
+        if trigger["type"] == "prometheus" and c.keys(meta, f"{where}.metadata", _KEDA_PROMETHEUS_METADATA, {"serverAddress", "query", "threshold"}):
+            c.check(bool(re.match(r"^https?://", meta["serverAddress"])), f"{where}.metadata.serverAddress: {meta['serverAddress']!r}")
+            c.check(bool(re.match(r"^[0-9]+(\.[0-9]+)?$", meta["threshold"])), f"{where}.metadata.threshold: {meta['threshold']!r}")
+            c.check(meta.get("ignoreNullValues", "true") in ("true", "false"), f"{where}.metadata.ignoreNullValues")
     return c.errors
 
 
 CUSTOM_RESOURCES = {
     ("inference.networking.k8s.io/v1", "InferencePool"): check_inference_pool,
     ("monitoring.coreos.com/v1", "PodMonitor"): check_pod_monitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): check_prometheus_rule,
+    ("keda.sh/v1alpha1", "ScaledObject"): check_scaled_object,
 }
 
 
@@ -433,14 +479,63 @@ def test_structural_checks_reject_broken_custom_resources():
     assert schema_errors([{"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}])
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+def test_structural_checks_reject_broken_rules_autoscalers_and_relabelings():
+    """The PrometheusRule, ScaledObject and PodMonitor relabeling checks are live."""
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": {"name": "r"},
+        "spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up == 0", "for": "5m",
+                                                      "labels": {"severity": "warning"}, "annotations": {"summary": "s"}}]}]},
+    }
+    scaled = {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "s"},
+        "spec": {"scaleTargetRef": {"name": "d"}, "minReplicaCount": 2, "maxReplicaCount": 4,
+                 "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 60}}}},
+                 "triggers": [{"type": "prometheus", "metadata": {"serverAddress": "http://p:9090", "query": "up", "threshold": "4"}}]},
+    }
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": {"name": "m"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}},
+                 "podMetricsEndpoints": [{"port": "http", "relabelings": [{"sourceLabels": ["__meta_x"], "targetLabel": "pool"}]}]},
+    }
+    assert schema_errors([rule, scaled, monitor]) == []
+    mutations = [
+        (rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(record="x")),  # alert and record
+        (rule, lambda r: r["spec"]["groups"][0]["rules"][0].update({"for": "five minutes"})),
+        (rule, lambda r: r["spec"]["groups"][0]["rules"][0].update(annotation={"summary": "s"})),
+        (rule, lambda r: r["spec"]["groups"].append({"name": "g", "rules": []})),  # duplicate group
+        (scaled, lambda o: o["spec"].update(minReplicaCount=5)),
+        (scaled, lambda o: o["spec"]["triggers"][0]["metadata"].update(threshold="four")),
+        (scaled, lambda o: o["spec"]["triggers"][0]["metadata"].pop("query")),
+        (scaled, lambda o: o["spec"]["triggers"][0].update(metricType="Average")),
+        (scaled, lambda o: o["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"].update(scaleDwn={})),
+        (monitor, lambda m: m["spec"]["podMetricsEndpoints"][0]["relabelings"][0].update(action="rename")),
+        (monitor, lambda m: m["spec"]["podMetricsEndpoints"][0]["relabelings"][0].update(targetLabel="pool-name")),
+        (monitor, lambda m: m["spec"]["podMetricsEndpoints"][0]["relabelings"][0].pop("targetLabel")),
+    ]
+    broken = []
+    for obj, mutate in mutations:
+        o = _copy(obj)
+        mutate(o)
+        broken.append(schema_errors([o]))
+    assert all(broken), broken
+
+
+# Every tree an operator can apply: each kustomization, and each component on the pool overlays.
+TREES = [*KUSTOMIZATIONS, *COMPOSITIONS]
+# Trees that run the pools (deploy/observability holds only the rule and the dashboard).
+POOL_TREES = [t for t in TREES if t != OBSERVABILITY]
+# YAML under deploy/ that is not a Kubernetes object: Helm values for prometheus-adapter.
+NOT_MANIFESTS = {DEPLOY / "components" / "hpa-autoscaling" / "prometheus-adapter-values.yaml"}
+
+
+@pytest.mark.parametrize("directory", TREES, ids=tree_id)
 def test_renders_and_matches_kubernetes_schemas(directory):
     docs = render(directory)
-    assert docs, f"{_id(directory)} rendered nothing"
+    assert docs, f"{tree_id(directory)} rendered nothing"
     assert schema_errors(docs) == []
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+@pytest.mark.parametrize("directory", [*KUSTOMIZATIONS, *COMPONENTS], ids=tree_id)
 def test_every_listed_resource_file_is_valid_on_its_own(directory):
     """Each file in `resources` is a whole object (not a fragment) and valid as written."""
     kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
@@ -449,45 +544,47 @@ def test_every_listed_resource_file_is_valid_on_its_own(directory):
         if path.is_dir():
             assert (path / "kustomization.yaml").is_file(), f"{path} is not a kustomization"
             continue
-        docs = _load_docs(path.read_text())
+        docs = load_docs(path.read_text())
         assert docs, f"{path} is empty"
         assert schema_errors(docs) == [], path
 
 
 def test_no_stray_manifest_files():
-    """Every YAML file under deploy/ is a kustomization, or used by one (a resource or a patch)."""
+    """Every YAML or JSON file under deploy/ is a kustomization or component, or used by one (a
+    resource, a patch, a generated ConfigMap's file), or one of the listed non-manifests."""
     used = set()
-    for directory in KUSTOMIZATIONS:
+    for directory in [*KUSTOMIZATIONS, *COMPONENTS]:
         kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
         used |= {(directory / r).resolve() for r in kust.get("resources", [])}
         used |= {(directory / p["path"]).resolve() for p in kust.get("patches", []) if "path" in p}
-    stray = [
-        str(p.relative_to(DEPLOY))
-        for p in DEPLOY.rglob("*.y*ml")
-        if p.name != "kustomization.yaml" and p.resolve() not in used
-    ]
+        used |= {(directory / f).resolve() for g in kust.get("configMapGenerator", []) for f in g.get("files", [])}
+    files = [*DEPLOY.rglob("*.y*ml"), *DEPLOY.rglob("*.json")]
+    stray = [str(p.relative_to(DEPLOY)) for p in files if p.name != "kustomization.yaml" and p.resolve() not in used | NOT_MANIFESTS]
     assert stray == []
+    for path in NOT_MANIFESTS:
+        assert not {"apiVersion", "kind"} & set(yaml.safe_load(path.read_text())), f"{path} is a manifest: list it in a kustomization"
 
 
-def test_by_hand_render_of_the_base_matches_kustomize():
-    """The no-kustomize fallback renders the base exactly as kustomize does."""
-    if _kustomize_cmd() is None:
+@pytest.mark.parametrize("directory", [BASE, OBSERVABILITY], ids=tree_id)
+def test_by_hand_render_matches_kustomize(directory):
+    """The no-kustomize fallback renders the base and deploy/observability exactly as kustomize does."""
+    if kustomize_cmd() is None:
         pytest.skip("no kustomize or kubectl")
 
     def key(d):
         return (d["kind"], d["metadata"]["name"])
 
-    assert sorted(render_by_hand(BASE), key=key) == sorted(render_with_kustomize(BASE), key=key)
+    assert sorted(render_by_hand(directory), key=key) == sorted(render_with_kustomize(directory), key=key)
 
 
 # ---------------------------------------------------------------- wiring
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+@pytest.mark.parametrize("directory", TREES, ids=tree_id)
 def test_labels_and_selectors_line_up(directory):
     docs = render(directory)
     deployments = of_kind(docs, "Deployment")
-    assert deployments
+    assert deployments or directory == OBSERVABILITY
     for doc in docs:
         labels = doc["metadata"].get("labels", {})
         assert labels.get(PART_OF) == "decode-server", f"{doc['kind']}/{doc['metadata']['name']} labels {labels}"
@@ -524,9 +621,31 @@ def test_labels_and_selectors_line_up(directory):
         assert {d["metadata"]["name"] for d in matched(pool["spec"]["selector"]["matchLabels"])} == {
             d["metadata"]["name"] for d in server_deployments(docs)
         }
+    for scaler in autoscalers(docs):
+        ref = scaler["spec"]["scaleTargetRef"]
+        assert (ref.get("apiVersion", "apps/v1"), ref.get("kind", "Deployment")) == ("apps/v1", "Deployment")
+        named(docs, "Deployment", ref["name"])
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+def autoscalers(docs: list[dict]) -> list[dict]:
+    """HorizontalPodAutoscalers and KEDA ScaledObjects (which make one)."""
+    return [*of_kind(docs, "HorizontalPodAutoscaler"), *of_kind(docs, "ScaledObject")]
+
+
+def replica_bounds(docs: list[dict], deployment: dict) -> tuple[int, int]:
+    """(min, max) replicas: the Deployment's own count, or its autoscaler's range."""
+    name = deployment["metadata"]["name"]
+    scalers = [a for a in autoscalers(docs) if a["spec"]["scaleTargetRef"]["name"] == name]
+    assert len(scalers) <= 1, f"Deployment/{name} has {len(scalers)} autoscalers"
+    if not scalers:
+        return deployment["spec"]["replicas"], deployment["spec"]["replicas"]
+    spec = scalers[0]["spec"]
+    if scalers[0]["kind"] == "ScaledObject":
+        return spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+    return spec.get("minReplicas", 1), spec["maxReplicas"]
+
+
+@pytest.mark.parametrize("directory", POOL_TREES, ids=tree_id)
 def test_probes_drain_and_security(directory):
     for d in server_deployments(render(directory)):
         pod = pod_spec(d)
@@ -571,7 +690,7 @@ def test_probes_drain_and_security(directory):
         assert api_key["optional"] is True
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+@pytest.mark.parametrize("directory", POOL_TREES, ids=tree_id)
 def test_guaranteed_qos(directory):
     """Every container of every pod (sidecars included): requests == limits for CPU and memory, whole
     CPUs. That makes the pods Guaranteed (last to be evicted, exclusive cores under the static CPU
@@ -589,7 +708,7 @@ def test_guaranteed_qos(directory):
                     assert req.get(resource) == lim.get(resource), f"{what}: {resource}"
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+@pytest.mark.parametrize("directory", POOL_TREES, ids=tree_id)
 def test_scratch_volumes_are_bounded_and_requested(directory):
     """The server's emptyDirs (downloaded weights and caches in $HOME, /tmp) have size limits, and
     the pod requests that much ephemeral storage, so the scheduler reserves it on the node instead
@@ -613,13 +732,13 @@ def test_scratch_volumes_are_bounded_and_requested(directory):
         assert memory < quantity(c["resources"]["limits"]["memory"])
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_id)
+@pytest.mark.parametrize("directory", POOL_TREES, ids=tree_id)
 def test_rollouts_and_drains_can_proceed(directory):
     """A rollout always makes progress without taking a pool to zero (when it has two pods), and
     each PDB allows at least one eviction at the rendered replica count, so node drains proceed."""
     docs = render(directory)
     for d in of_kind(docs, "Deployment"):
-        replicas = d["spec"]["replicas"]
+        replicas, _ = replica_bounds(docs, d)
         rolling = d["spec"]["strategy"]["rollingUpdate"]
         surge, unavailable = rolling["maxSurge"], rolling["maxUnavailable"]
         assert isinstance(surge, int) and isinstance(unavailable, int), "absolute numbers, not percentages"
@@ -631,6 +750,64 @@ def test_rollouts_and_drains_can_proceed(directory):
         allowed = spec["maxUnavailable"] if "maxUnavailable" in spec else replicas - spec["minAvailable"]
         assert isinstance(allowed, int) and allowed >= 1, f"PDB/{pdb['metadata']['name']} blocks every eviction"
         assert spec.get("unhealthyPodEvictionPolicy") == "AlwaysAllow", "a pod stuck unready must not block drains"
+
+
+def meta_label(pod_label: str) -> str:
+    """The Kubernetes service-discovery label Prometheus gives a pod label."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+
+
+def pool_label_source(monitor: dict) -> tuple[str, str]:
+    """(target label, pod label) of the PodMonitor's pool relabeling."""
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (pool,) = [r for r in endpoint["relabelings"] if r.get("targetLabel") == "pool"]
+    assert pool.get("action", "replace") == "replace" and len(pool["sourceLabels"]) == 1
+    (source,) = pool["sourceLabels"]
+    pod_label = "llm-d.ai/role"
+    assert source == meta_label(pod_label), f"pool comes from {source}, not the pod label {pod_label}"
+    return pool["targetLabel"], pod_label
+
+
+@pytest.mark.parametrize("directory", [t for t in KUSTOMIZATIONS if t != OBSERVABILITY], ids=tree_id)
+def test_pod_monitor_labels_each_pool(directory):
+    """Every scraped series gets job="decode-server" and pool=decode|prefill (a target label from the
+    pod's llm-d.ai/role), so rules tell the pools apart without matching pod names. Only target
+    labels are added: no metricRelabelings, nothing renamed (llm-d's EPP reads the pods' own
+    /metrics, not Prometheus, but the series stay as vLLM names them either way)."""
+    docs = render(directory)
+    (monitor,) = of_kind(docs, "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert "metricRelabelings" not in endpoint
+    targets = {r["targetLabel"] for r in endpoint["relabelings"]}
+    assert targets == {"job", "pool"}, targets
+    (job,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+    assert "sourceLabels" not in job and job["replacement"] == "decode-server"
+    _, pod_label = pool_label_source(monitor)
+    pools = {d["metadata"]["name"]: pod_labels(d).get(pod_label) for d in server_deployments(docs)}
+    expected = {"decode-server-decode": "decode", "decode-server-prefill": "prefill"}
+    assert pools == {k: v for k, v in expected.items() if k in pools} and "decode-server-decode" in pools, pools
+
+
+@pytest.mark.parametrize("tree", COMPOSITIONS, ids=tree_id)
+def test_autoscalers_own_the_decode_pool(tree):
+    """With an autoscaling component, one autoscaler owns the decode pool's replicas: the Deployment
+    sets none (an apply would reset the pool to it), at least the base's two pods stay (the PDB lets
+    one go at a time), and the pool scales in one pod per policy period, each period at least a
+    pod's grace period, so a pod drains before the next goes."""
+    docs = render(tree)
+    decode = named(docs, "Deployment", "decode-server-decode")
+    prefill = named(docs, "Deployment", "decode-server-prefill")
+    assert "replicas" not in decode["spec"], "the autoscaler owns the decode pool's replicas"
+    assert prefill["spec"]["replicas"] == 2, "the prefill pool is not scaled here"
+    (scaler,) = autoscalers(docs)
+    low, high = replica_bounds(docs, decode)
+    assert 2 <= low < high
+    spec = scaler["spec"]
+    behavior = spec["behavior"] if scaler["kind"] == "HorizontalPodAutoscaler" else spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    grace = pod_spec(decode)["terminationGracePeriodSeconds"]
+    for policy in behavior["scaleDown"]["policies"]:
+        assert policy["type"] == "Pods" and policy["value"] == 1 and policy["periodSeconds"] >= grace, policy
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= grace
 
 
 def test_base_ha_defaults():
@@ -680,7 +857,7 @@ def test_base_pools():
 
 
 def test_cpu_demo_overlay():
-    if _kustomize_cmd() is None:
+    if kustomize_cmd() is None:
         pytest.skip("no kustomize or kubectl")
     docs = render(CPU_DEMO)
     assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor", "NetworkPolicy"}
@@ -731,7 +908,7 @@ def allowed(rules: list[dict], group: str, resource: str, verbs: set[str]) -> bo
 
 @pytest.fixture(scope="module")
 def llm_d():
-    if _kustomize_cmd() is None:
+    if kustomize_cmd() is None:
         pytest.skip("no kustomize or kubectl")
     return render(LLM_D)
 
@@ -878,7 +1055,7 @@ def serve_parser():
 def _all_server_deployments():
     out = []
     for directory in KUSTOMIZATIONS:
-        if directory != BASE and _kustomize_cmd() is None:
+        if directory != BASE and kustomize_cmd() is None:
             continue
         out += [(directory, d) for d in server_deployments(render(directory))]
     return out
@@ -887,7 +1064,7 @@ def _all_server_deployments():
 @pytest.mark.parametrize(
     "directory,deployment",
     _all_server_deployments(),
-    ids=lambda v: _id(v) if isinstance(v, Path) else v["metadata"]["name"],
+    ids=lambda v: tree_id(v) if isinstance(v, Path) else v["metadata"]["name"],
 )
 def test_server_cli_accepts_the_manifest_args(serve_parser, directory, deployment):
     """The argv each pod runs parses with decode-server's own CLI (vLLM engine flags included)."""
