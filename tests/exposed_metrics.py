@@ -59,7 +59,7 @@ def series(fams: dict[str, dict]) -> dict[str, dict]:
 
 
 def ours() -> dict[str, dict]:
-    from decode_server.metrics import Metrics
+    from decode_server.runtime.metrics import Metrics
 
     return families(Metrics().registry)
 
@@ -69,7 +69,7 @@ def vllms() -> dict[str, dict]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    from decode_server.demo_model import build_demo_model
+    from decode_server.tools.demo_model import build_demo_model
 
     with tempfile.TemporaryDirectory(prefix="decode-server-metrics-") as tmp:
         model = build_demo_model(Path(tmp) / "demo")
