@@ -15,7 +15,6 @@ import json
 import re
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import promql_parser  # the `test` extra
 import pytest

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from fractions import Fraction
 from pathlib import Path
 
@@ -33,7 +31,7 @@ import pytest
 import yaml
 
 from tests.deploy_render import (
-    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, DEPLOY, KUSTOMIZATIONS, LLM_D, OBSERVABILITY, Composition,
+    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, DEPLOY, KUSTOMIZATIONS, LLM_D, OBSERVABILITY,
     all_containers, kustomize_cmd, load_docs, named, of_kind, pod_labels, pod_spec, port_numbers, render,
     render_by_hand, render_with_kustomize, selects, tree_id,
 )

@@ -124,8 +124,6 @@ def test_llm_d_policies():
     EPP; decode-server's own port on decode pods (8200) only from Prometheus (the sidecar reaches it
     over localhost); prefill pods' 8000 also from decode pods (the sidecar's prefill leg); NIXL and
     UCX only between the pools; the EPP's ext-proc from the gateway, its metrics from Prometheus."""
-    if not (LLM_D / "kustomization.yaml").is_file():
-        pytest.fail("the llm-d overlay is gone")
     docs = render(LLM_D)
     decode_http = _server_port(docs, DECODE)
     assert decode_http == 8200 and _server_port(docs, PREFILL) == 8000

@@ -141,11 +141,11 @@ def test_dashboard_answers_the_operators_questions():
     exprs = [t["expr"] for p in _panels(dash) for t in p["targets"]]
     for question, series in QUESTIONS.items():
         assert any(series in e for e in exprs), f"no panel answers {question!r} ({series})"
-    by_mode = [e for e in exprs if "histogram_quantile" in e and "decode_server_" in e and "output_mode" in e]
-    assert {"time_to_first_token", "inter_token_latency"} <= {n for e in by_mode for n in ("time_to_first_token", "inter_token_latency") if n in e}
-    grouped = {json.dumps(re.findall(r"by \(([^)]*)\)", e)) for e in exprs}
-    assert any("output_mode" in g and "status" in g for g in grouped), "requests split by mode and status"
-    assert any('"pool, pod"' in g or "pod" in g for g in grouped), "per-pod panels"
+    groupings = [set(re.split(r",\s*", g)) for e in exprs for g in re.findall(r"by \(([^)]*)\)", e)]
+    for latency in ("time_to_first_token", "inter_token_latency"):
+        assert any(f"decode_server_{latency}_seconds_bucket" in e and "by (le, output_mode)" in e for e in exprs), latency
+    assert {"output_mode", "status"} <= set().union(*[g for g in groupings if "output_mode" in g]), "requests by mode and status"
+    assert any("pod" in g for g in groupings) and any("pool" in g for g in groupings), "per-pool and per-pod panels"
     drift = [e for e in exprs if 'reason="fingerprint_mismatch"' in e]
     remote = [e for e in exprs if "remote_prefill_failed" in e and "remote_prefill_timeout" in e]
     assert drift and remote, "the 409 drift count and the P/D legs' 502/504"
