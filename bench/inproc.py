@@ -1,22 +1,18 @@
 """The physical limit (the "floor"): the same AsyncLLM, driven in-process with no HTTP.
 
-    python -m bench.inproc --bench-workload W.json --bench-scenarios S.json --bench-out OUT.json \\
-        --model DIR <the same vLLM engine flags as the servers>
     python -m bench.inproc --bench-workload W.json --bench-serve DIR --model DIR <engine flags>
 
-Builds AsyncLLM exactly as decode-server does (vLLM's own AsyncEngineArgs CLI),
-then for each scenario runs N concurrent `generate()` calls with the same
-SamplingParams the generate bodies carry (max_tokens, skip_special_tokens=False,
-the replay script; the same prompt token ids, `Workload.prompt(prompt_len, rep, seq)`) and DELTA outputs (a scenario with `"batch": true`: FINAL_ONLY,
-one output per request, as a non-streaming server request gets), timestamping every
-RequestOutput. Latencies and throughput are computed by the same code as for the
-HTTP load generator (bench.stats). "Frontend" CPU here is this process (AsyncLLM's
-output processing + the driver loop); the engine is its child processes.
+Builds AsyncLLM exactly as decode-server does (vLLM's own AsyncEngineArgs CLI), then per
+scenario runs N concurrent `generate()` calls with the same SamplingParams the generate
+bodies carry (max_tokens, skip_special_tokens=False, the replay script; the same prompt
+token ids, `Workload.prompt(prompt_len, rep, seq)`) and DELTA outputs (a scenario with
+`"batch": true`: FINAL_ONLY, one output per request, as a non-streaming server request
+gets), timestamping every RequestOutput. Latencies and throughput are computed by the same
+code as for the HTTP load generator (bench.stats). "Frontend" CPU here is this process
+(AsyncLLM's output processing + the driver loop); the engine is its child processes.
 
-With `--bench-scenarios` it runs that list and writes the results to `--bench-out`.
-With `--bench-serve DIR` (the interleaved headline mode keeps the floor up between
-the servers' runs) it writes `DIR/ready` after warm-up, then reads one scenario
-JSON per line from stdin and writes each result to `DIR/<name>.json`; EOF ends it.
+It stays up between the servers' runs: it writes `DIR/ready` after warm-up, then reads one
+scenario JSON per line from stdin and writes each result to `DIR/<name>.json`; EOF ends it.
 """
 
 from __future__ import annotations
@@ -26,14 +22,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import LoadResult, StreamResult
-from bench.measure import CpuMeter, proc_cpu_s, wait_quiet
+from bench.loadgen import LoadResult, StreamResult, arun
+from bench.measure import CpuMeter, proc_cpu_s
 from bench.stats import summarize_load
-from bench.workload import WARM_REP, Workload
+from bench.workload import Workload
 
 
 async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_id: str, res: StreamResult, batch: bool) -> None:
@@ -73,17 +68,17 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
     conc, total, length, batch = sc["concurrency"], sc["requests"], sc["length"], bool(sc.get("batch"))
     prompt_len, rep = sc.get("prompt_len") or 0, sc.get("rep")
 
-    async def worker(w: int) -> None:
+    async def worker() -> None:
         nonlocal issued
         while issued < total:
             seq = issued
             issued += 1
-            res = StreamResult(label="tokens", start=time.perf_counter())
+            res = StreamResult(start=time.perf_counter())
             results.append(res)
             await _one(llm, wl.prompt(prompt_len, rep, seq), wl.script(length, seq), length, f"{tag}-{seq}", res, batch)
 
     started = time.perf_counter()
-    tasks = [asyncio.ensure_future(worker(w)) for w in range(conc)]
+    tasks = [asyncio.ensure_future(worker()) for _ in range(conc)]
     _, pending = await asyncio.wait(tasks, timeout=sc["time_limit_s"])
     for t in pending:
         t.cancel()
@@ -97,7 +92,6 @@ def _cpu(me) -> tuple[float, float]:
 
 async def measure(llm, wl: Workload, sc: dict, tag: str, meter: CpuMeter, me) -> dict[str, Any]:
     """One scenario with its CPU accounting: {scenario, summary, cpu, quiet, engine_tokens}."""
-    quiet = wait_quiet(meter, sc["quiet_wait_s"]) if sc.get("quiet_wait_s") else None
     a_front, a_eng = _cpu(me)
     snap_a = meter.snapshot()
     load = await run_scenario(llm, wl, sc, tag)
@@ -112,30 +106,19 @@ async def measure(llm, wl: Workload, sc: dict, tag: str, meter: CpuMeter, me) ->
     cpu["foreign_cores"] = round(cpu["foreign_cpu_s"] / cpu["wall_s"], 3) if cpu["wall_s"] else None
     summary = summarize_load(load)
     print(f"inproc {sc['name']} L={sc['length']} c={sc['concurrency']}: {summary['output_tok_s']} tok/s", flush=True)
-    return {"scenario": sc, "summary": summary, "cpu": cpu, "quiet": quiet, "engine_tokens": summary["output_tokens"]}
+    return {"scenario": sc, "summary": summary, "cpu": cpu, "engine_tokens": summary["output_tokens"]}
 
 
-async def _warm_up(llm, wl: Workload, batch_too: bool, prompt_lens: Iterable[int] = ()) -> None:
-    """Warm-up, as the HTTP systems get (the --bench-serve parent sends long-prompt warm-ups itself)."""
-    for batch in (False, True) if batch_too else (False,):
+async def _warm_up(llm, wl: Workload) -> None:
+    """Warm-up, as the HTTP systems get (the parent sends the long-prompt warm-ups itself)."""
+    for batch in (False, True):
         warm = {"concurrency": 2, "requests": 2, "length": wl.warm_length, "time_limit_s": 60, "batch": batch}
         await run_scenario(llm, wl, warm, f"warmup{int(batch)}")
-    for p in sorted(set(prompt_lens)):
-        warm = {"concurrency": 2, "requests": 2, "length": wl.warm_length, "time_limit_s": 120, "prompt_len": p, "rep": WARM_REP}
-        await run_scenario(llm, wl, warm, f"warmup-p{p}")
 
 
-async def _run_list(llm, wl: Workload, args, meter: CpuMeter, me) -> None:
-    scenarios = json.loads(Path(args.bench_scenarios).read_text())
-    await _warm_up(llm, wl, any(sc.get("batch") for sc in scenarios), [sc["prompt_len"] for sc in scenarios if sc.get("prompt_len")])
-    out = [await measure(llm, wl, sc, f"s{i}", meter, me) for i, sc in enumerate(scenarios)]
-    Path(args.bench_out).write_text(json.dumps(out, indent=1))
-
-
-async def _serve(llm, wl: Workload, args, meter: CpuMeter, me) -> None:
-    work = Path(args.bench_serve)
+async def _serve(llm, wl: Workload, work: Path, meter: CpuMeter, me) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    await _warm_up(llm, wl, True)
+    await _warm_up(llm, wl)
     (work / "ready").write_text(str(os.getpid()))
     loop = asyncio.get_running_loop()
     i = 0
@@ -163,12 +146,8 @@ async def amain(args, engine_args) -> None:
     llm = AsyncLLM.from_vllm_config(
         vllm_config, usage_context=UsageContext.OPENAI_API_SERVER, disable_log_stats=engine_args.disable_log_stats
     )
-    meter = CpuMeter(None)
     try:
-        if args.bench_serve:
-            await _serve(llm, wl, args, meter, psutil.Process())
-        else:
-            await _run_list(llm, wl, args, meter, psutil.Process())
+        await _serve(llm, wl, Path(args.bench_serve), CpuMeter(None), psutil.Process())
     finally:
         llm.shutdown()
 
@@ -179,20 +158,11 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = FlexibleArgumentParser(description=__doc__)
     parser.add_argument("--bench-workload", required=True)
-    parser.add_argument("--bench-scenarios", help="JSON list of scenarios to run (with --bench-out)")
-    parser.add_argument("--bench-out", help="where --bench-scenarios' results go")
-    parser.add_argument("--bench-serve", help="work directory: take scenarios one per stdin line (see the module doc)")
+    parser.add_argument("--bench-serve", required=True, help="work directory: take scenarios one per stdin line (see the module doc)")
     AsyncEngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
-    if not args.bench_serve and not (args.bench_scenarios and args.bench_out):
-        parser.error("give --bench-scenarios and --bench-out, or --bench-serve DIR")
     engine_args = AsyncEngineArgs.from_cli_args(args)
-    try:
-        import uvloop
-
-        uvloop.run(amain(args, engine_args))
-    except ImportError:
-        asyncio.run(amain(args, engine_args))
+    arun(amain(args, engine_args))
 
 
 if __name__ == "__main__":

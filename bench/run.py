@@ -1,18 +1,13 @@
-"""One command for the issue #5 benchmarks.
+"""`python -m bench.run`: ours vs vLLM's own server vs the in-process floor, interleaved repetitions.
 
-    python -m bench.run [--smoke | --quick | --full] [--out bench/results/<date>-<mode>] [--bind auto] [--list]
-    python -m bench.run --headline [--repeat 5]    # interleaved repetitions: medians and spreads
-    python -m bench.run --bind-sweep [--out DIR]   # which VLLM_CPU_OMP_THREADS_BIND is fastest here
+    python -m bench.run [--repeat 5] [--out bench/results/<date>-headline] [--bind auto]
+                        [--systems ours,vllm,inproc] [--only REGEX] [--list]
 
-Starts each system under test as a loopback subprocess, one at a time, on the
-same engine configuration (demo model, --load-format dummy, replay logits
-processor, same --max-num-seqs / --max-model-len / --kv-cache-memory-bytes), runs
-the mode's scenarios against it, stops it, and writes
-`OUT/results.json`, `OUT/raw/<scenario>.json`, `OUT/results.md` and PNG plots
-(see bench/README.md). `--headline` instead keeps ours, vLLM's server and the
-in-process floor up together and interleaves N repetitions of every scenario
-(bench.interleave). Server logs and (with --keep-traces) per-chunk traces go to
-`OUT/raw-tmp/`, which git ignores.
+Starts every system once on the same engine configuration (bench.fleet), runs the interleaved
+schedule (bench.scenarios), measures each run (the API-server process's CPU, the engine's, everyone
+else's, and the client's latencies), and writes OUT/results.json (meta + every run, rewritten
+after each run) and OUT/results.md (bench.report). Server logs go to OUT/raw-tmp/, which git ignores.
+Every run is kept (no retries): the spread over the repetitions is the noise measure.
 """
 
 from __future__ import annotations
@@ -21,153 +16,223 @@ import argparse
 import datetime as dt
 import json
 import os
+import platform
+import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import systems
-from bench.common import DEFAULT_BIND, ensure_model, machine_info
-from bench.plans import Plan, Scenario, plan
-from bench.runner import Runner
+from bench import scenarios, systems
+from bench.fleet import Fleet, render_matches
+from bench.loadgen import LoadResult, arun, run_load
+from bench.measure import CpuMeter, generation_tokens_total, wait_quiet
+from bench.scenarios import Scenario
+from bench.stats import summarize_load
 from bench.workload import Workload
+
+DEFAULT_BIND = "auto"  # measured fastest for one instance on a 2-core machine: see bench/README.md
+QUIET_WAIT_S = 5.0  # per run: wait at most this long for other processes to go quiet
+QUIET_BUDGET_S = 300.0  # ... and at most this long over the whole run
+TIME_LIMIT_S = 300.0  # per run
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Recorder:
+    """Measures one run at a time against a started system and keeps every record."""
+
+    def __init__(self, out: Path, bind: str, quiet_wait_s: float, time_limit_s: float, meta: dict[str, Any]):
+        self.out, self.bind, self.meta = out, bind, meta
+        self.quiet_wait_s, self.time_limit_s = quiet_wait_s, time_limit_s
+        self.quiet_spent_s = 0.0
+        self.records: list[dict[str, Any]] = []
+
+    def quiet(self, meter: CpuMeter) -> dict[str, Any]:
+        """Wait (bounded per run and in all) for other processes to leave the cores alone."""
+        budget = min(self.quiet_wait_s, max(0.0, QUIET_BUDGET_S - self.quiet_spent_s))
+        if budget <= 0:
+            return {"waited_s": 0.0, "foreign_cores_at_start": None, "budget_exhausted": self.quiet_wait_s > 0}
+        q = wait_quiet(meter, budget)
+        self.quiet_spent_s += q["waited_s"]
+        return q
+
+    def run_http(self, server: systems.Server, wl: Workload, sc: Scenario) -> None:
+        meter = CpuMeter(server.pid)
+        quiet = self.quiet(meter)
+        gen_a, snap_a = generation_tokens_total(server.url), meter.snapshot()
+        load = arun(run_load(server.url, wl.requests_of(sc), concurrency=sc.concurrency, requests=sc.requests, time_limit_s=self.time_limit_s))
+        snap_b, gen_b = meter.snapshot(), generation_tokens_total(server.url)
+        engine_tokens = None if gen_a is None or gen_b is None else gen_b - gen_a
+        self.record(sc, summarize_load(load), CpuMeter.delta(snap_a, snap_b), engine_tokens, quiet, load)
+
+    def run_floor(self, worker: systems.InprocWorker, sc: Scenario) -> None:
+        quiet = self.quiet(CpuMeter(worker.pid))
+        item = worker.run({**asdict(sc), "name": sc.id, "time_limit_s": self.time_limit_s}, self.time_limit_s + 180)
+        self.record(sc, item["summary"], item["cpu"], item["engine_tokens"], quiet)
+
+    def record(self, sc: Scenario, summary: dict, cpu: dict, engine_tokens, quiet, load: LoadResult | None = None) -> None:
+        toks, wall = summary["output_tokens"], cpu["wall_s"]
+        rec: dict[str, Any] = {
+            "id": sc.id,
+            **asdict(sc),
+            "cell": sc.cell,
+            "bind": self.bind,
+            "at": dt.datetime.now().isoformat(timespec="seconds"),
+            "summary": summary,
+            "cpu": cpu,
+            "frontend_cpu_ms_per_token": round(cpu["frontend_cpu_s"] * 1000 / toks, 4) if toks else None,
+            "engine_cpu_ms_per_token": round(cpu["engine_cpu_s"] * 1000 / toks, 4) if toks else None,
+            "frontend_cores": round(cpu["frontend_cpu_s"] / wall, 3) if wall else None,
+            "engine_tokens": engine_tokens,
+            "engine_tok_s": round(engine_tokens / wall, 1) if engine_tokens and wall else None,
+            "quiet": quiet,
+        }
+        if load is not None:  # the floor checks its own lengths through its summary's errors
+            done = [r for r in load.results if r.completed]
+            rec["exact_length"] = bool(done) and all(r.tokens == sc.length for r in done)
+        self.records.append(rec)
+        self.save()
+        s = summary
+        log(
+            f"{sc.id}: {s['completed']}/{s['requests']} ok, {s['output_tok_s']} tok/s, TTFT p50 {s['ttft_ms']['p50']} ms, "
+            f"TPOT/request p50 {s['tpot_req_ms']['p50']} ms, frontend {rec['frontend_cpu_ms_per_token']} ms CPU/token, "
+            f"foreign {cpu.get('foreign_cores')} cores" + (" TRUNCATED" if s.get("truncated") else "")
+            + ("" if rec.get("exact_length", True) else " (lengths differ!)")
+        )  # fmt: skip
+
+    def save(self) -> None:
+        (self.out / "results.json").write_text(json.dumps({"meta": self.meta, "scenarios": self.records}, indent=1))
+
+
+def machine_info() -> dict[str, Any]:
+    import psutil
+
+    try:
+        import vllm
+
+        vllm_version = vllm.__version__
+    except ImportError:
+        vllm_version = "unknown"
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=systems.repo_root(), capture_output=True, text=True)
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": models[0] if models else "",
+        "mem_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+        "python": platform.python_version(),
+        "vllm": vllm_version,
+        "git_commit": commit.stdout.strip() or None,
+    }
+
+
+def run_all(rec: Recorder, blocks: dict[str, list[Scenario]], runs: list[Scenario], wl: Workload, model_dir: Path, tmp: Path) -> None:
+    """Start every block's system, warm up, run the schedule, stop them; errors go to meta['errors']."""
+    fleet = Fleet(tmp, model_dir, rec.bind, wl, list(blocks), log)
+    try:
+        fleet.start(rec.meta)
+        if "vllm" in fleet.members:
+            rec.meta["render_matches_vllm"] = render_matches(fleet.members["vllm"].url, wl)
+        fleet.warm(wl, blocks)
+        for i, sc in enumerate(runs):
+            member = fleet.members[sc.system]
+            if not fleet.alive(sc.system):
+                raise RuntimeError(f"{sc.system} is no longer running:\n{member.log_tail()}")
+            log(f"run {i + 1}/{len(runs)}: {sc.id}")
+            try:
+                if isinstance(member, systems.InprocWorker):
+                    rec.run_floor(member, sc)
+                else:
+                    rec.run_http(member, wl, sc)
+            except Exception as e:  # one failed run must not lose the others
+                log(f"{sc.id} failed: {e}")
+                rec.meta["errors"].append(f"{sc.id}: {str(e)[:2000]}")
+    finally:
+        fleet.stop()
+
+
+def list_runs(blocks: dict[str, list[Scenario]], repeat: int, quiet_wait_s: float) -> None:
+    runs = scenarios.schedule(blocks, repeat)
+    for block, scs in blocks.items():
+        for sc in scs:
+            print(f"{block:7s} {sc.id:36s} {sc.requests:3d} requests x{repeat}, {sc.length * sc.requests * repeat:7d} output tokens")
+    print(f"{len(runs)} runs, {sum(sc.length * sc.requests for sc in runs)} output tokens")
+    per_cell: dict[str, float] = {}
+    for sc in runs:
+        per_cell[sc.cell] = per_cell.get(sc.cell, 0.0) + scenarios.run_estimate_s(sc)
+    for cell, s in per_cell.items():
+        print(f"  {cell:28s} ~{s / 60:5.1f} min of runs ({repeat} repetitions)")
+    est = scenarios.estimate_s(runs, len(blocks), quiet_wait_s, QUIET_BUDGET_S)
+    print(f"estimated wall time ~{est / 60:.1f} min on a busy machine (start-ups, warm-ups and quiet waits included)")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--smoke", action="store_const", const="smoke", dest="mode", help="ours only, one scenario, < 90 s")
-    g.add_argument("--quick", action="store_const", const="quick", dest="mode", help="lengths 256/2048 (+one 8192), concurrency 1/8 (+64)")
-    g.add_argument("--full", action="store_const", const="full", dest="mode", help="the bounded full matrix (default)")
-    g.add_argument(
-        "--headline", action="store_const", const="headline", dest="mode",
-        help="ours vs vLLM vs the in-process floor at 8/32/64 streams, 32 batch requests and two TTFT cells, interleaved --repeat times",
-    )  # fmt: skip
-    g.add_argument("--bind-sweep", action="store_const", const="bind-sweep", dest="mode", help="compare VLLM_CPU_OMP_THREADS_BIND values")
-    p.add_argument("--repeat", type=int, default=None, help="--headline: repetitions per scenario (default 5)")
-    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/<date>-<mode>)")
+    p.add_argument("--repeat", type=int, default=scenarios.REPEAT, help="repetitions per scenario (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/<date>-headline)")
     p.add_argument("--bind", default=DEFAULT_BIND, help="VLLM_CPU_OMP_THREADS_BIND for every engine (default: %(default)s)")
-    p.add_argument("--systems", default=None, help="comma list of blocks to run: vllm,ours,inproc (default: all of the mode)")
-    p.add_argument("--quiet-wait", type=float, default=None, help="max seconds to wait for other processes to go quiet before each scenario")
-    p.add_argument("--time-limit", type=float, default=None, help="per-scenario time bound (s)")
-    p.add_argument("--only", default=None, help="regex: run only the scenarios whose id matches (e.g. 'ours-derender-.*')")
-    p.add_argument("--keep-traces", action="store_true", help="also write per-chunk traces to OUT/raw-tmp/traces")
-    p.add_argument("--no-report", action="store_true", help="skip results.md and plots")
-    p.add_argument("--list", action="store_true", help="print the mode's scenarios (and output tokens) and exit")
+    p.add_argument("--systems", default=None, help="comma list of systems to start: ours,vllm,inproc (default: all)")
+    p.add_argument("--only", default=None, help="regex: run only the scenarios whose id matches (e.g. 'L256-c64|-p[0-9]+')")
+    p.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S, help="max seconds to wait for other processes to go quiet before each run")
+    p.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help="per-run time bound (s)")
+    p.add_argument("--list", action="store_true", help="print the scenarios, their output tokens and the estimated time, and exit")
     return p
-
-
-def list_plan(blocks: dict[str, list[Scenario]], repeat: int, pl: Plan | None = None) -> None:
-    total = 0
-    for block, scs in blocks.items():
-        for sc in scs:
-            n = sc.length * sc.requests * repeat
-            total += n
-            times = f" x{repeat}" if repeat > 1 else ""
-            print(f"{block:7s} {sc.id:36s} {sc.requests:3d} requests{times}, {n:7d} output tokens")
-    runs = sum(len(v) for v in blocks.values())
-    print(f"{runs} scenarios" + (f", {runs * repeat} runs" if repeat > 1 else "") + f", {total} output tokens")
-    if pl is not None and pl.interleaved:
-        from bench.interleave import estimate_s, run_estimate_s, schedule
-
-        runs_ = schedule(blocks, repeat)
-        per_cell: dict[str, float] = {}
-        for sc in runs_:
-            per_cell[sc.cell] = per_cell.get(sc.cell, 0.0) + run_estimate_s(sc)
-        for cell, s in per_cell.items():
-            print(f"  {cell:28s} ~{s / 60:5.1f} min of runs ({repeat} repetitions)")
-        est = estimate_s(runs_, len(blocks), pl.quiet_wait_s, pl.quiet_budget_s)
-        print(
-            f"estimated wall time ~{est / 60:.1f} min on a busy machine (start-ups, warm-ups and quiet waits of at most "
-            f"{pl.quiet_wait_s:g} s per run and {pl.quiet_budget_s:g} s in all included)"
-        )
-
-
-def new_meta(mode: str, pl: Plan, runner: Runner, wl: Workload, bind: str) -> dict[str, Any]:
-    return {
-        "mode": mode,
-        "started": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": machine_info(),
-        "bind": bind,
-        "engine_flags": pl.flags,
-        "tool_flags": systems.TOOL_FLAGS,
-        "prompt_tokens": len(wl.prompt_ids),
-        "time_limit_s": runner.time_limit_s,
-        "quiet_wait_s": runner.quiet_wait_s,
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "startup_s": {},
-        "errors": [],
-    }
-
-
-def run_blocks(runner: Runner, pl: Plan, blocks: dict[str, list[Scenario]], wl: Workload, model_dir: Path, meta: dict) -> None:
-    """The sequential modes: each block's system started, measured and stopped in turn."""
-    for name, scenarios in blocks.items():
-        try:
-            if name == "inproc":
-                runner.run_inproc_block(model_dir, pl.flags, wl, scenarios, meta)
-            else:
-                factory = systems.ours if name == "ours" else systems.vllms_own
-                server = factory(model_dir, runner.tmp / "logs", runner.bind, pl.flags)
-                runner.run_server_block(name, server, wl, scenarios, meta, model_dir, pl.flags)
-        except Exception as e:  # one broken system must not lose the others' results
-            runner.log(f"block {name} failed: {e}")
-            meta["errors"].append(f"{name}: {str(e)[:2000]}")
-
-
-def execute(a: argparse.Namespace, mode: str, pl: Plan, blocks: dict[str, list[Scenario]]) -> int:
-    out = a.out or systems.repo_root() / "bench" / "results" / f"{dt.date.today().isoformat()}-{mode}"
-    out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(
-        out, pl, a.bind, a.keep_traces,
-        pl.quiet_wait_s if a.quiet_wait is None else a.quiet_wait,
-        pl.time_limit_s if a.time_limit is None else a.time_limit,
-    )  # fmt: skip
-    t_start = time.monotonic()
-    model_dir = ensure_model()
-    from transformers import AutoTokenizer
-
-    wl = Workload.build(AutoTokenizer.from_pretrained(model_dir), pl.lengths, pl.warm_length)
-    meta = new_meta(mode, pl, runner, wl, a.bind)
-    runner.log(f"mode={mode} out={out} bind={a.bind} blocks={list(blocks)} load={meta['loadavg_start']}")
-    if pl.interleaved:
-        from bench.interleave import run_interleaved
-
-        try:
-            run_interleaved(runner, pl, blocks, wl, model_dir, meta)
-        except Exception as e:
-            runner.log(f"interleaved run failed: {e}")
-            meta["errors"].append(f"interleaved: {str(e)[:2000]}")
-    else:
-        run_blocks(runner, pl, blocks, wl, model_dir, meta)
-    meta["duration_s"] = round(time.monotonic() - t_start, 1)
-    meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    (out / "results.json").write_text(json.dumps({"meta": meta, "scenarios": runner.records}, indent=1))
-    runner.log(f"wrote {out / 'results.json'} ({len(runner.records)} scenarios, {meta['duration_s']} s)")
-    if not a.no_report and mode != "smoke":
-        from bench.report import write_report
-
-        write_report(out)
-        runner.log(f"wrote {out / 'results.md'} and plots")
-    return 1 if meta["errors"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    mode = a.mode or "full"
-    if a.repeat is not None and (mode != "headline" or a.repeat < 1):
-        p.error("--repeat N (N >= 1) goes with --headline")
-    if mode == "bind-sweep":
-        from bench.bindsweep import sweep
-
-        return sweep(a.out)
-    pl = plan(mode, a.repeat)
-    blocks = pl.filtered(a.systems, a.only)
+    if a.repeat < 1:
+        p.error("--repeat N needs N >= 1")
+    blocks = scenarios.filtered(scenarios.headline(), a.systems, a.only)
     if a.list:
-        list_plan(blocks, pl.repeat, pl)
+        list_runs(blocks, a.repeat, a.quiet_wait)
         return 0
-    return execute(a, mode, pl, blocks)
+    out = a.out or systems.repo_root() / "bench" / "results" / f"{dt.date.today().isoformat()}-headline"
+    tmp = out / "raw-tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    model_dir = systems.ensure_model()
+    from transformers import AutoTokenizer
+
+    wl = Workload.build(AutoTokenizer.from_pretrained(model_dir), scenarios.lengths(), scenarios.LENGTH)
+    runs = scenarios.schedule(blocks, a.repeat)
+    meta: dict[str, Any] = {
+        "mode": "headline",
+        "started": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "bind": a.bind,
+        "engine_flags": systems.engine_flags(),
+        "tool_flags": systems.TOOL_FLAGS,
+        "prompt_tokens": len(wl.prompt_ids),
+        "time_limit_s": a.time_limit,
+        "quiet_wait_s": a.quiet_wait,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "startup_s": {},
+        "errors": [],
+        "repeat": a.repeat,
+        "schedule": [sc.id for sc in runs],
+        "estimated_s": round(scenarios.estimate_s(runs, len(blocks), a.quiet_wait, QUIET_BUDGET_S)),
+    }
+    log(f"out={out} bind={a.bind} systems={list(blocks)}: {len(runs)} runs, estimated {meta['estimated_s'] / 60:.1f} min")
+    rec = Recorder(out, a.bind, a.quiet_wait, a.time_limit, meta)
+    try:
+        run_all(rec, blocks, runs, wl, model_dir, tmp)
+    except Exception as e:
+        log(f"run failed: {e}")
+        meta["errors"].append(str(e)[:2000])
+    meta["duration_s"] = round(time.monotonic() - t_start, 1)
+    meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    rec.save()
+    from bench.report import write_report
+
+    write_report(out)
+    log(f"wrote {out / 'results.json'} ({len(rec.records)} runs, {meta['duration_s']} s) and {out / 'results.md'}")
+    return 1 if meta["errors"] else 0
 
 
 if __name__ == "__main__":

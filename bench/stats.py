@@ -29,12 +29,10 @@ from typing import Any, Protocol
 class StreamResult(Protocol):
     """One request's arrival record (bench.loadgen.StreamResult)."""
 
-    label: str
     start: float
     end: float | None
     times: list[float]
     ntoks: list[int]
-    extra_calls: int
     error: str | None
     finish_reason: str | None
 
@@ -115,7 +113,7 @@ def _latencies(results: Sequence[StreamResult]) -> tuple[list[float], list[float
 
 
 def summarize(results: Sequence[StreamResult], wall_s: float) -> dict[str, Any]:
-    """Latency/throughput summary of a set of stream results (all one label, or a mix)."""
+    """Latency/throughput summary of a set of stream results."""
     ttft, e2e, tpot_req, per_token = _latencies(results)
     tokens = sum(r.tokens for r in results)
     events = sum(len(r.ntoks) for r in results)
@@ -128,7 +126,6 @@ def summarize(results: Sequence[StreamResult], wall_s: float) -> dict[str, Any]:
         "output_tokens": tokens,
         "token_events": events,
         "tokens_per_event": round(tokens / events, 3) if events else None,
-        "extra_calls": sum(r.extra_calls for r in results),
         "wall_s": round(wall_s, 3),
         "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
         "ttft_ms": dist_ms(ttft),
@@ -140,31 +137,8 @@ def summarize(results: Sequence[StreamResult], wall_s: float) -> dict[str, Any]:
 
 
 def summarize_load(load: LoadResult) -> dict[str, Any]:
-    """Summary over all streams plus one per label (for mixed traffic)."""
-    out = summarize(load.results, load.wall_s)
-    out["truncated"] = load.truncated
-    out["concurrency"] = load.concurrency
-    labels = sorted({r.label for r in load.results})
-    if len(labels) > 1:
-        out["by_label"] = {lb: summarize([r for r in load.results if r.label == lb], load.wall_s) for lb in labels}
-    return out
-
-
-def raw_trace(load: LoadResult) -> list[dict[str, Any]]:
-    """Per-request timestamps relative to the run start (for debugging; can be large)."""
-    t0 = load.started
-    return [
-        {
-            "label": r.label,
-            "start": round(r.start - t0, 6),
-            "end": None if r.end is None else round(r.end - t0, 6),
-            "times": [round(t - t0, 6) for t in r.times],
-            "ntoks": r.ntoks,
-            "error": r.error,
-            "finish_reason": r.finish_reason,
-        }
-        for r in load.results
-    ]
+    """The summary of one run, with whether it was cut off by its time limit."""
+    return {**summarize(load.results, load.wall_s), "truncated": load.truncated, "concurrency": load.concurrency}
 
 
 # ------------------------------------------------------------------ over repetitions

@@ -2,10 +2,9 @@
 
 - ours: `python -m decode_server.process.cli serve DIR ...` with the qwen3/hermes parsers;
 - vllm: `python -m vllm.entrypoints.openai.api_server --model DIR --enable-scale-out ...`
-  with the same parser flags (it serves generate, coupled chat, /render and /derender);
-  a second instance ("vllm-derender") serves only /derender for the split RFC baseline;
-- inproc: `python -m bench.inproc` (AsyncLLM in-process, no HTTP), same engine flags; run once
-  over a scenario list, or kept up as an `InprocWorker` that takes one scenario at a time.
+  with the same parser flags (it serves generate, coupled chat and /render);
+- inproc: `python -m bench.inproc --bench-serve` (AsyncLLM in-process, no HTTP), same engine
+  flags, kept up as an `InprocWorker` that takes one scenario at a time.
 """
 
 from __future__ import annotations
@@ -23,18 +22,23 @@ import httpx
 import psutil
 
 REPLAY = "decode_server.tools.replay:ReplayLogitsProcessor"
+SERVE_MODULE = "decode_server.process.cli"
 MODEL_NAME = "demo"
-GiB = 1024**3
+MODEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "decode-server" / "bench-demo-model"
 
 
-def engine_flags(max_num_seqs: int = 64, max_model_len: int = 10240, kv_bytes: int = 2 * GiB) -> list[str]:
-    """The engine configuration every system gets (so every system produces the same tokens)."""
+def engine_flags() -> list[str]:
+    """The engine configuration every system gets (so every system produces the same tokens).
+
+    All three engines are up at once: a 512 MiB KV cache each (this 2-layer model's cache is 2 layers
+    x K+V x 1 KV head x 64 x 2 bytes = 512 B/token, so ~1M tokens: 20x what 64 x 790 tokens need, 32x
+    the 4 x 8024 of the 8k-prompt cell) keeps three engines well inside a 24 GiB machine."""
     return [
         "--load-format", "dummy",
         "--served-model-name", MODEL_NAME,
-        "--max-model-len", str(max_model_len),
-        "--max-num-seqs", str(max_num_seqs),
-        "--kv-cache-memory-bytes", str(kv_bytes),
+        "--max-model-len", "10240",
+        "--max-num-seqs", "64",
+        "--kv-cache-memory-bytes", str(512 * 1024**2),
         "--logits-processors", REPLAY,
         "--seed", "0",
         "--reasoning-parser", "qwen3",
@@ -56,7 +60,7 @@ def repo_root() -> Path:
 
 def child_env(bind: str) -> dict[str, str]:
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": bind}
-    # The engine core is a spawned process: it must find decode_server.tools.replay and bench.
+    # The engine core is a spawned process: it must find the replay processor and bench.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root()), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -150,30 +154,30 @@ def stop_tree(proc: subprocess.Popen, timeout_s: float = 60, children: list[psut
 
 def ours(model_dir: Path, log_dir: Path, bind: str, flags: list[str]) -> Server:
     argv = [
-        sys.executable, "-m", "decode_server.process.cli", "serve", str(model_dir),
+        sys.executable, "-m", SERVE_MODULE, "serve", str(model_dir),
         "--host", "127.0.0.1", "--drain-timeout", "5", *flags, *TOOL_FLAGS,
     ]  # fmt: skip
     return Server("ours", argv, log_dir / "ours.log", bind)
 
 
-def vllms_own(model_dir: Path, log_dir: Path, bind: str, flags: list[str], name: str = "vllm") -> Server:
+def vllms_own(model_dir: Path, log_dir: Path, bind: str, flags: list[str]) -> Server:
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--host", "127.0.0.1", "--enable-scale-out", *flags, *TOOL_FLAGS,
     ]  # fmt: skip
-    return Server(name, argv, log_dir / f"{name}.log", bind)
+    return Server("vllm", argv, log_dir / "vllm.log", bind)
 
 
-def inproc_argv(model_dir: Path, flags: list[str], workload: Path, scenarios: Path, out: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "bench.inproc",
-        "--bench-workload", str(workload), "--bench-scenarios", str(scenarios), "--bench-out", str(out),
-        "--model", str(model_dir), *flags,
-    ]  # fmt: skip
+def ensure_model() -> Path:
+    """The demo model, built once with `decode-server demo-model DIR`."""
+    if not (MODEL_CACHE / "config.json").exists():
+        MODEL_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.check_call([sys.executable, "-m", SERVE_MODULE, "demo-model", str(MODEL_CACHE)], cwd=repo_root())
+    return MODEL_CACHE
 
 
 class InprocWorker:
-    """`bench.inproc --bench-serve`: the in-process floor, kept up between scenarios (interleaved mode).
+    """`bench.inproc --bench-serve`: the in-process floor, kept up between scenarios.
 
     Scenarios go to its stdin one JSON line each; each result comes back as WORK/<name>.json.
     """

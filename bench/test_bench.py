@@ -1,6 +1,6 @@
 """Unit checks of the benchmark harness that need no engine: `python -m pytest bench/test_bench.py`.
 
-(Not under tests/, so the project's suite does not collect them; they take about a second.)
+(Not under tests/, so the project's suite does not collect them; they take a few seconds.)
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench import stats
-from bench.headline import aggregate, write_headline_report
-from bench.interleave import schedule
+from bench import scenarios, stats, systems
 from bench.loadgen import LoadResult, Stream, StreamResult, run_one
-from bench.plans import MODES, Scenario, plan
+from bench.report import aggregate, write_report
+from bench.scenarios import Scenario, filtered, headline, schedule
 from bench.systems import InprocWorker
 from bench.workload import Workload
 
@@ -40,15 +39,15 @@ def test_dist_ms() -> None:
     assert stats.dist_ms([])["p50"] is None
 
 
-def _res(start: float, times: list[float], ntoks: list[int], end: float | None, label: str = "x") -> StreamResult:
-    return StreamResult(label=label, start=start, end=end, times=times, ntoks=ntoks)
+def _res(start: float, times: list[float], ntoks: list[int], end: float | None) -> StreamResult:
+    return StreamResult(start=start, end=end, times=times, ntoks=ntoks)
 
 
 def test_summarize_ttft_tpot_e2e() -> None:
     # Request 0: sent at 0, tokens at 0.1 (1), 0.3 (2: 0.1 s each), 0.4 (1); closed at 0.5.
     # Request 1: failed after its first token.
-    a = _res(0.0, [0.1, 0.3, 0.4], [1, 2, 1], 0.5, "tokens")
-    b = _res(0.0, [0.2], [1], None, "derender")
+    a = _res(0.0, [0.1, 0.3, 0.4], [1, 2, 1], 0.5)
+    b = _res(0.0, [0.2], [1], None)
     b.error = "boom"
     s = stats.summarize([a, b], wall_s=1.0)
     assert (s["requests"], s["completed"], s["errors"], s["first_error"]) == (2, 1, 1, "boom")
@@ -57,10 +56,9 @@ def test_summarize_ttft_tpot_e2e() -> None:
     assert s["tpot_ms"]["n"] == 3 and s["tpot_ms"]["p50"] == pytest.approx(100.0)  # per token: 0.1, 0.1, 0.1
     assert s["tpot_req_ms"]["p50"] == pytest.approx(100.0)  # (0.4 - 0.1) / 3 tokens, completed only
     assert s["e2e_ms"] == {"p50": 500.0, "p90": 500.0, "p99": 500.0, "mean": 500.0, "n": 1}
-    load = LoadResult([a, b], started=0.0, finished=1.0, truncated=False, concurrency=2, requested=2)
-    by = stats.summarize_load(load)["by_label"]
-    assert set(by) == {"tokens", "derender"} and by["tokens"]["output_tokens"] == 4
-    assert stats.raw_trace(load)[0]["times"] == [0.1, 0.3, 0.4]
+    load = LoadResult([a, b], started=0.0, finished=2.0, truncated=True, concurrency=2, requested=3)
+    s = stats.summarize_load(load)
+    assert (s["truncated"], s["concurrency"], s["output_tok_s"]) == (True, 2, 2.5)
 
 
 def test_spread_and_paired() -> None:
@@ -72,18 +70,15 @@ def test_spread_and_paired() -> None:
     assert stats.paired(a, b, stats.difference) == {0: 1.0, 1: 3.0, 2: None}
 
 
-# ------------------------------------------------------------------ plans and interleaving
+# ------------------------------------------------------------------ scenarios and interleaving
 
 
-def test_plans_are_typed_and_headline_interleaves() -> None:
-    for mode in MODES:
-        pl = plan(mode)
-        assert pl.mode == mode and pl.scenarios() and pl.flags
-        assert len({sc.id for sc in pl.scenarios()}) == len(pl.scenarios())
-    pl = plan("headline")
-    assert pl.interleaved and pl.repeat == 5 and plan("headline", 7).repeat == 7
-    runs = schedule(pl.blocks, pl.repeat)
-    assert len(runs) == 5 * len(pl.scenarios()) and len({sc.id for sc in runs}) == len(runs)
+def test_headline_interleaves() -> None:
+    blocks = headline()
+    all_scs = [sc for scs in blocks.values() for sc in scs]
+    assert list(blocks) == ["ours", "vllm", "inproc"] and len({sc.id for sc in all_scs}) == len(all_scs) == 28
+    runs = schedule(blocks, 5)
+    assert len(runs) == 5 * 28 and len({sc.id for sc in runs}) == len(runs)
     cell = [sc for sc in runs if sc.cell == "stream-L512-c8"]
     rep0 = [sc.system + ":" + sc.level for sc in cell if sc.rep == 0]
     rep1 = [sc.system + ":" + sc.level for sc in cell if sc.rep == 1]
@@ -98,8 +93,8 @@ def test_plans_are_typed_and_headline_interleaves() -> None:
     assert Scenario("ours", "tokens", 512, 32, 64, True, 3).id == "ours-tokens-L512-c32-batch-r3"
     assert Scenario("ours", "tokens", 8, 4, 8, rep=0, prompt_len=8000).id == "ours-tokens-L8-c4-p8000-r0"
     assert Scenario("vllm", "tokens", 8, 4, 8, prompt_len=8000).cell == "stream-L8-c4-p8000"
-    assert plan("quick").filtered("ours", "derender").keys() == {"ours"}
-    assert pl.warm_length == 512 and pl.lengths == [8, 256, 512]
+    assert filtered(blocks, "ours", "derender") == {"ours": [sc for sc in blocks["ours"] if sc.level == "derender"]}
+    assert scenarios.lengths() == [8, 256, 512]
 
 
 # The headline cells as they were before issue #16: (system, level, L, c, requests, batch).
@@ -113,36 +108,36 @@ _HEADLINE_BEFORE_16 = [
 
 def test_headline_plan_issue_16_cells() -> None:
     """64 streams and the two TTFT cells on all three systems, appended after the unchanged cells."""
-    pl = plan("headline")
+    blocks = headline()
+    all_scs = [sc for scs in blocks.values() for sc in scs]
     key = lambda sc: (sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.batch)  # noqa: E731
-    old = [key(sc) for sc in pl.scenarios() if sc.prompt_len == 0 and sc.concurrency != 64]
+    old = [key(sc) for sc in all_scs if sc.prompt_len == 0 and sc.concurrency != 64]
     assert sorted(old) == sorted(_HEADLINE_BEFORE_16)
-    new = {(sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.prompt_len) for sc in pl.scenarios() if key(sc) not in _HEADLINE_BEFORE_16}
+    new = {(sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.prompt_len) for sc in all_scs if key(sc) not in _HEADLINE_BEFORE_16}
     assert new == {(s, "tokens", L, c, n, p) for s in ("ours", "vllm", "inproc") for L, c, n, p in ((256, 64, 64, 0), (8, 32, 256, 256), (8, 4, 8, 8000))}
-    cells = list(dict.fromkeys(sc.cell for sc in schedule(pl.blocks, pl.repeat)))
+    cells = list(dict.fromkeys(sc.cell for sc in schedule(blocks, 5)))
     assert cells == ["stream-L512-c8", "stream-L512-c32", "batch-L512-c32", "stream-L256-c64", "stream-L8-c32-p256", "stream-L8-c4-p8000"]
     # The 8k prompts and their outputs fit the engine's max-model-len; four of them fit the KV cache (512 B/token).
-    flags = pl.flags
+    flags = systems.engine_flags()
     max_len, kv = int(flags[flags.index("--max-model-len") + 1]), int(flags[flags.index("--kv-cache-memory-bytes") + 1])
-    for sc in pl.scenarios():
+    for sc in all_scs:
         assert max(sc.prompt_len, 262) + sc.length + 16 <= max_len
         assert sc.concurrency * (max(sc.prompt_len, 262) + sc.length + 16) * 512 < kv / 10
     # --only picks the new cells alone; at 5 repetitions they add at most ~8 min to the estimate.
-    from bench.interleave import estimate_s
-
-    only = pl.filtered(None, r"L256-c64|-p[0-9]+")
+    only = filtered(blocks, None, r"L256-c64|-p[0-9]+")
     assert {sc.cell for scs in only.values() for sc in scs} == set(cells[3:])
-    before = pl.filtered(None, r"^(?!.*(L256-c64|-p[0-9]+))")
+    before = filtered(blocks, None, r"^(?!.*(L256-c64|-p[0-9]+))")
     assert sum(map(len, before.values())) == len(_HEADLINE_BEFORE_16)
-    est = lambda blocks: estimate_s(schedule(blocks, 5), 3, pl.quiet_wait_s, pl.quiet_budget_s)  # noqa: E731
-    assert 30 * 60 < est(before) < 40 * 60 and 0 < est(pl.blocks) - est(before) < 8 * 60
+    est = lambda b: scenarios.estimate_s(schedule(b, 5), 3, 5.0, 300.0)  # noqa: E731
+    assert 30 * 60 < est(before) < 40 * 60 and 0 < est(blocks) - est(before) < 8 * 60
 
 
 # ------------------------------------------------------------------ unique prompts
 
 
 def _wl() -> Workload:
-    return Workload(prompt_ids=[1, 2, 3], scripts={8: {"content": [7] * 7, "tool": [7] * 7}}, filler_ids=[100, 101, 102], digit_ids=list(range(15, 25)))
+    scripts = {8: {"content": [7] * 7, "tool": [7] * 7}}
+    return Workload(prompt_ids=[1, 2, 3], scripts=scripts, filler_ids=[100, 101, 102], digit_ids=list(range(15, 25)), warm_length=8)
 
 
 def test_unique_prompts_per_request() -> None:
@@ -163,17 +158,16 @@ def test_unique_prompts_per_request() -> None:
 
 
 def test_runner_and_floor_send_the_same_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runner.make_stream (HTTP systems) and bench.inproc.run_scenario (the floor, fed the scenario as
+    """Workload.requests_of (HTTP systems) and bench.inproc.run_scenario (the floor, fed the scenario as
     the --bench-serve protocol sends it) use the same prompt for each (rep, seq)."""
     import types
     from dataclasses import asdict
 
     from bench import inproc
-    from bench.runner import Runner
 
     wl = _wl()
     sc = Scenario("inproc", "tokens", 8, 4, 8, rep=2, prompt_len=300)
-    http = Runner.make_stream(types.SimpleNamespace(), wl, replace(sc, system="ours"))
+    http = wl.requests_of(replace(sc, system="ours"))
     sent = {}
 
     class FakeLLM:
@@ -191,7 +185,7 @@ def test_runner_and_floor_send_the_same_prompts(monkeypatch: pytest.MonkeyPatch)
     line = json.loads(json.dumps({**asdict(sc), "name": sc.id, "time_limit_s": 30}))  # what InprocWorker.run writes
     load = asyncio.run(inproc.run_scenario(FakeLLM(), Workload.from_json(wl.to_json()), line, "s0"))
     assert len(load.results) == 8 and all(r.tokens == 8 for r in load.results)
-    assert sent == {i: http(0, i).body["token_ids"] for i in range(8)}
+    assert sent == {i: http(i).body["token_ids"] for i in range(8)}
     assert len({tuple(p) for p in sent.values()}) == 8
 
 
@@ -216,6 +210,13 @@ _META = {"mode": "headline", "started": "now", "repeat": 5, "machine": {"cpus": 
          "vllm": "0.32"}, "engine_flags": [], "tool_flags": [], "bind": "auto", "prompt_tokens": 262, "loadavg_start": [0, 0, 0]}  # fmt: skip
 
 
+def _report(out: Path, recs: list[dict]) -> str:
+    """results.md as `python -m bench.report OUT` renders it from OUT/results.json."""
+    (out / "results.json").write_text(json.dumps({"meta": _META, "scenarios": recs}))
+    write_report(out)
+    return (out / "results.md").read_text()
+
+
 def test_headline_aggregate_and_report(tmp_path: Path) -> None:
     recs = []
     for rep in range(5):
@@ -230,15 +231,11 @@ def test_headline_aggregate_and_report(tmp_path: Path) -> None:
     assert row["overhead_ms_per_token"]["vllm"]["median"] == pytest.approx(0.20)
     assert row["overhead_ratio"]["min"] == pytest.approx(0.5) and row["overhead_ratio"]["max"] == pytest.approx(0.7)
     assert rows[1]["systems"]["ours"]["cpu_ms_per_token"]["n"] == 0
-    pytest.importorskip("matplotlib")
-    write_headline_report(tmp_path, {"meta": _META, "scenarios": recs})
-    md = (tmp_path / "results.md").read_text()
+    md = _report(tmp_path, recs)
     assert "0.680 [" in md and "headline run (5 interleaved repetitions)" in md
     assert "## TTFT" not in md and "Target: SSE throughput" not in md
-    for png in ("headline_cpu_per_token", "headline_overhead", "headline_ttft", "headline_throughput"):
-        assert (tmp_path / f"{png}.png").stat().st_size > 1000
-    assert not (tmp_path / "headline_ttft_prompts.png").exists()
-    assert json.loads((tmp_path / "headline.json").read_text())[0]["cell"] == "stream-L512-c8"
+    runs = md.split("## All runs")[1]
+    assert runs.count("| ours | tokens, rep ") == 5 and "| ours | text, rep 0 ⚠ lengths |" in runs
 
 
 def test_headline_issue_16_report(tmp_path: Path) -> None:
@@ -269,9 +266,7 @@ def test_headline_issue_16_report(tmp_path: Path) -> None:
     assert c64["tok_s_vs_floor"]["vllm"]["median"] == pytest.approx(0.90) and c64["tok_s_vs_floor"]["ours"]["n"] == 5
     assert ttft8k["ttft_ratio"]["median"] == pytest.approx(1.02 / 1.25) and ttft8k["ttft_p90_ratio"]["median"] == pytest.approx(0.8)
     assert ttft8k["systems"]["floor"]["ttft_p50_ms"]["median"] == pytest.approx(360.0)
-    pytest.importorskip("matplotlib")
-    write_headline_report(tmp_path, {"meta": _META, "scenarios": recs})
-    md = (tmp_path / "results.md").read_text()
+    md = _report(tmp_path, recs)
     ratios = md.split("## Headline ratios")[1].split("## TTFT")[0]
     assert "| stream c64: tokens vs tokens |" in ratios and "prompts" not in ratios.split("|---|")[1]  # TTFT cells: not here
     assert "0.970 [0.950–0.990] | 0.900 [0.900–0.900] |" in ratios  # tok/s ours ÷ floor, vLLM ÷ floor columns
@@ -281,8 +276,6 @@ def test_headline_issue_16_report(tmp_path: Path) -> None:
     assert "| stream c4, 8000-token prompts, L8: tokens vs tokens | 8 | 0.816 [0.800–0.832] | 0.800 [0.800–0.800] | 408.0 [400.0–416.0] | 500.0 [500.0–500.0] | 360.0 [360.0–360.0] |" in ttft
     assert "| stream c32, 256-token prompts, L8: tokens vs tokens | 256 |" in ttft
     assert "8000-token prompts" in md.split("## Per system")[1]
-    assert (tmp_path / "headline_ttft_prompts.png").stat().st_size > 1000
-    assert {r["prompt_len"] for r in json.loads((tmp_path / "headline.json").read_text())} == {0, 256, 8000}
 
 
 # ------------------------------------------------------------------ load generator: batch requests
@@ -296,7 +289,7 @@ def test_batch_request_is_one_event() -> None:
 
     async def go() -> StreamResult:
         async with httpx.AsyncClient(base_url="http://127.0.0.1", transport=httpx.MockTransport(handler)) as client:
-            return await run_one(client, Stream("tokens", "/inference/v1/generate", {"stream": False}, kind="batch"))
+            return await run_one(client, Stream("/inference/v1/generate", {"stream": False}, kind="batch"))
 
     r = asyncio.run(go())
     assert r.completed and r.tokens == 3 and r.ntoks == [3] and r.finish_reason == "stop" and r.events == 1

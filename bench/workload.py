@@ -1,6 +1,6 @@
 """The benchmark's requests: one chat prompt, realistic token scripts, and the request bodies per system.
 
-Outputs are forced by `decode_server.tools.replay:ReplayLogitsProcessor`, so every
+Outputs are forced by the replay logits processor (`bench.systems.REPLAY`), so every
 system streams exactly the same tokens. A script is a Qwen3-style answer built
 from the demo tokenizer:
 
@@ -24,17 +24,18 @@ requests, and every system prefills the same token ids.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.loadgen import Stream
+from bench.scenarios import Scenario
 
 MODEL = "demo"
 GENERATE_PATH = "/inference/v1/generate"
 CHAT_PATH = "/v1/chat/completions"
 KINDS = ("content", "tool")
 TOOL_MIN_LENGTH = 64
-WARM_MIN_LENGTH = 64  # a warm-up of a few decode steps warms nothing: see Workload.warm_length
 WARM_REP = 9999  # the "repetition" of warm-up requests' unique prompts (never a measured one)
 
 TOOLS = [
@@ -84,7 +85,7 @@ _CONTENT = (
 
 
 def chat_request() -> dict[str, Any]:
-    """The chat request every prompt is rendered from (also the RFC's chat_request)."""
+    """The chat request every prompt is rendered from (and vLLM's /render is checked against)."""
     return {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto"}
 
 
@@ -161,16 +162,16 @@ class Workload:
     scripts: dict[int, dict[str, list[int]]]  # length -> kind -> token ids
     filler_ids: list[int] = field(default_factory=list)  # unique prompts (prompt_len > 0)
     digit_ids: list[int] = field(default_factory=list)
-    warm_len: int = 0  # warm-up requests' length (0: see warm_length)
+    warm_length: int = 0  # warm-up requests' length (one of the scripts)
 
     @classmethod
-    def build(cls, tokenizer: Any, lengths: list[int], warm_length: int | None = None) -> Workload:
+    def build(cls, tokenizer: Any, lengths: list[int], warm_length: int) -> Workload:
         return cls(
             prompt_ids=render_prompt(tokenizer),
-            scripts={L: {k: make_script(tokenizer, k, L) for k in KINDS} for L in sorted(set(lengths) | {warm_length or lengths[0]})},
+            scripts={L: {k: make_script(tokenizer, k, L) for k in KINDS} for L in sorted({*lengths, warm_length})},
             filler_ids=make_filler(tokenizer),
             digit_ids=make_digits(tokenizer),
-            warm_len=warm_length or 0,
+            warm_length=warm_length,
         )
 
     def script(self, length: int, seq: int) -> list[int]:
@@ -183,31 +184,18 @@ class Workload:
             return self.prompt_ids
         return unique_prompt(self.filler_ids, self.digit_ids, prompt_len, rep, seq)
 
-    @property
-    def warm_length(self) -> int:
-        """Warm-up requests' length: as built, else the shortest script of at least WARM_MIN_LENGTH tokens."""
-        if self.warm_len:
-            return self.warm_len
-        long_enough = [L for L in self.scripts if L >= WARM_MIN_LENGTH]
-        return min(long_enough or self.scripts)
-
     # --------------------------------------------------------------- bodies
 
-    def generate_body(
-        self, level: str, length: int, seq: int, *, logprobs: int | None = None, stream: bool = True, prompt: list[int] | None = None
-    ) -> dict[str, Any]:
-        """A /inference/v1/generate request (streamed unless `stream` is false); level: tokens | text | derender.
-        `prompt`: the prompt token ids (default: the chat prompt)."""
+    def generate_body(self, level: str, length: int, seq: int, prompt: list[int], stream: bool) -> dict[str, Any]:
+        """A /inference/v1/generate request; level: tokens | text | derender."""
         sp: dict[str, Any] = {
             "max_tokens": length + 16,
             "skip_special_tokens": False,  # what /render sends for a chat with tools and a reasoning parser
             "extra_args": {"replay_token_ids": self.script(length, seq)},
         }
-        if logprobs is not None:
-            sp["logprobs"] = logprobs
         body: dict[str, Any] = {
             "model": MODEL,
-            "token_ids": self.prompt_ids if prompt is None else prompt,
+            "token_ids": prompt,
             "stream": stream,
             "output_mode": level,
             "sampling_params": sp,
@@ -226,48 +214,21 @@ class Workload:
             "vllm_xargs": {"replay_token_ids": self.script(length, seq)},
         }
 
-    def stream(
-        self,
-        scenario: str,
-        length: int,
-        seq: int,
-        label: str | None = None,
-        derender_url: str | None = None,
-        batch: bool = False,
-        prompt_len: int = 0,
-        rep: int | None = None,
-    ) -> Stream:
+    def stream(self, level: str, length: int, seq: int, batch: bool = False, prompt_len: int = 0, rep: int | None = None) -> Stream:
         """The Stream for one request of a scenario level (`batch`: stream false, generate levels only;
         `prompt_len` > 0: a unique prompt of that many tokens for (rep, seq), generate levels only)."""
-        label = label or scenario
-        prompt = self.prompt(prompt_len, rep, seq) if prompt_len else None
-        if prompt_len and scenario not in ("tokens", "text", "derender", "text_lp20"):
-            raise ValueError(f"no prompt_len form of {scenario!r}")
-        if batch:
-            if scenario not in ("tokens", "text", "derender"):
-                raise ValueError(f"no batch form of {scenario!r}")
-            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq, stream=False, prompt=prompt), kind="batch")
-        if scenario in ("tokens", "text", "derender"):
-            return Stream(label, GENERATE_PATH, self.generate_body(scenario, length, seq, prompt=prompt))
-        if scenario == "text_lp20":
-            return Stream(label, GENERATE_PATH, self.generate_body("text", length, seq, logprobs=20, prompt=prompt))
-        if scenario == "chat":
-            return Stream(label, CHAT_PATH, self.chat_body(length, seq))
-        if scenario == "rfc":
-            return Stream(
-                label,
-                GENERATE_PATH,
-                self.generate_body("tokens", length, seq),
-                kind="rfc",
-                derender_url=derender_url,
-                derender_ctx={
-                    "model": MODEL,
-                    "prompt_token_ids": self.prompt_ids,
-                    "prompt_tokens": len(self.prompt_ids),
-                    "chat_request": chat_request(),
-                },
-            )
-        raise ValueError(scenario)
+        if level == "chat":
+            if batch or prompt_len:
+                raise ValueError("the chat level has no batch or prompt_len form")
+            return Stream(CHAT_PATH, self.chat_body(length, seq))
+        if level not in ("tokens", "text", "derender"):
+            raise ValueError(level)
+        body = self.generate_body(level, length, seq, self.prompt(prompt_len, rep, seq), stream=not batch)
+        return Stream(GENERATE_PATH, body, kind="batch" if batch else "sse")
+
+    def requests_of(self, sc: Scenario) -> Callable[[int], Stream]:
+        """Request `seq` of a scenario's run, for the load generator (the floor sends the same prompts)."""
+        return lambda seq: self.stream(sc.level, sc.length, seq, sc.batch, sc.prompt_len, sc.rep)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -275,7 +236,7 @@ class Workload:
             "scripts": {str(k): v for k, v in self.scripts.items()},
             "filler_ids": self.filler_ids,
             "digit_ids": self.digit_ids,
-            "warm_len": self.warm_len,
+            "warm_length": self.warm_length,
         })  # fmt: skip
 
     @classmethod
@@ -284,7 +245,7 @@ class Workload:
         return cls(
             prompt_ids=d["prompt_ids"],
             scripts={int(k): v for k, v in d["scripts"].items()},
-            filler_ids=d.get("filler_ids", []),
-            digit_ids=d.get("digit_ids", []),
-            warm_len=d.get("warm_len", 0),
+            filler_ids=d["filler_ids"],
+            digit_ids=d["digit_ids"],
+            warm_length=d["warm_length"],
         )
