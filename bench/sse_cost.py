@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -140,16 +141,22 @@ def _start(variant: str, frames: int, period_s: float) -> tuple[subprocess.Popen
     cmd = [sys.executable, "-m", "bench.sse_cost", "--serve", variant, "--port", str(port)]
     cmd += ["--frames", str(frames), "--period", str(period_s)]
     proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 30
+    return proc, f"http://127.0.0.1:{port}/"
+
+
+def _wait_listening(variant: str, proc: subprocess.Popen, url: str, timeout_s: float = 180) -> None:
+    """Importing the app (vLLM comes with it) takes half a minute on a busy 2-core machine."""
+    port = urlsplit(url).port
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{variant} exited with {proc.returncode} before listening")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, url
+                return
         except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{variant} did not start")
+            time.sleep(0.2)
+    raise RuntimeError(f"{variant} did not listen within {timeout_s} s")
 
 
 async def _drive(url: str, streams: int) -> int:
@@ -179,9 +186,13 @@ def measure(proc: subprocess.Popen, url: str, streams: int) -> dict[str, float]:
 
 
 def run(streams: int, frames: int, repeat: int, period_s: float) -> dict[str, list[dict[str, float]]]:
-    servers = {v: _start(v, frames, period_s) for v in VARIANTS}
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     try:
+        for v in VARIANTS:
+            servers[v] = _start(v, frames, period_s)
+        for v, (proc, url) in servers.items():
+            _wait_listening(v, proc, url)
         for rep in range(repeat):
             order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]  # A B C, C B A, …
             for v in order:
@@ -189,7 +200,11 @@ def run(streams: int, frames: int, repeat: int, period_s: float) -> dict[str, li
     finally:
         for proc, _ in servers.values():
             proc.terminate()
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
     return results
 
 

@@ -323,3 +323,18 @@ def test_inproc_worker_protocol(tmp_path: Path) -> None:
     finally:
         w.stop(timeout_s=10)
     assert w.proc.returncode == 0
+
+
+# ------------------------------------------------------------------ what the subprocesses import by name
+
+
+def test_the_modules_the_systems_run_exist() -> None:
+    """The servers, the engine core and the floor import these by name in other processes: a moved
+    module fails here rather than minutes into a run."""
+    import importlib.util
+
+    replay_module, _, replay_class = systems.REPLAY.partition(":")
+    names = (systems.SERVE_MODULE, replay_module, "bench.inproc")
+    assert [n for n in names if importlib.util.find_spec(n) is None] == []
+    assert f"class {replay_class}(" in Path(importlib.util.find_spec(replay_module).origin).read_text()
+    assert systems.ours(Path("m"), Path("logs"), "auto", []).argv[1:3] == ["-m", systems.SERVE_MODULE]
