@@ -1,1 +1,1 @@
-"""Benchmarks for decode-server (issue #5): `python -m bench.run [--smoke|--quick|--full]`."""
+"""Benchmarks for decode-server: `python -m bench.run` (ours vs vLLM's own server vs the in-process engine, interleaved)."""
