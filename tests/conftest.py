@@ -56,3 +56,9 @@ def tokens_only_server(demo_model, log_dir):
 def plain_server(demo_model, log_dir):
     """Ours with a tokenizer but no parsers."""
     yield from _started(servers.ours("plain", demo_model, log_dir))
+
+
+@pytest.fixture
+def anyio_backend():
+    """Async tests (`pytest.mark.anyio`) run on asyncio, the loop the server and vLLM use."""
+    return "asyncio"

@@ -1,0 +1,91 @@
+"""The in-process tier: the real app over the scripted engine, in the test's own event loop.
+
+`serve(model_dir, *flags)` does what `decode-server serve MODEL *flags` does up to uvicorn: vLLM's
+parser and ours, `server_config`, the engine args, `server.Lifecycle`, `build_app` and its lifespan
+(which starts our `Engine`), except that the Engine wraps a `ScriptedAsyncLLM`. Requests go through
+`StreamingASGITransport` (streams arrive chunk by chunk; closing one is a client disconnect).
+
+    async with serve(demo_model, "--api-key", "k") as s:
+        r = await s.client.post(GENERATE, json=scripted([9707], [1, 2]))
+        s.core.hold("req-1")  # the scripted engine core: see tests/scripted/core.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sse_starlette.sse import AppStatus
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+from decode_server.app import build_app
+from decode_server.cli import build_parser, server_config
+from decode_server.engine import Engine
+from decode_server.server import Lifecycle
+from tests.asgi_stream import StreamingASGITransport
+from tests.scripted import ScriptedAsyncLLM, ScriptedCore, engine_setup
+from tests.servers import ENGINE_FLAGS
+
+BASE_URL = "http://decode-server.test"
+_parser: argparse.ArgumentParser | None = None
+
+
+def serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
+    """`decode-server serve MODEL *ENGINE_FLAGS *flags`, parsed and checked as `cli.serve` does."""
+    global _parser
+    _parser = _parser or build_parser()  # vLLM's parser takes seconds to build; parsing is cheap
+    args = _parser.parse_args(["serve", str(model_dir), *ENGINE_FLAGS, *flags])
+    args.model = args.model_tag
+    validate_parsed_serve_args(args)
+    if (args.api_server_count or 1) > 1:
+        raise ValueError("--api-server-count > 1 runs several processes: a real-engine test")
+    if args.tool_parser_plugin:
+        from vllm.tool_parsers import ToolParserManager
+
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    return args
+
+
+@dataclass
+class InProcess:
+    app: Any
+    client: httpx.AsyncClient
+    llm: ScriptedAsyncLLM
+    lifecycle: Lifecycle
+    args: argparse.Namespace
+
+    @property
+    def core(self) -> ScriptedCore:
+        return self.llm.core
+
+    @property
+    def state(self) -> Any:
+        """The app's `routes.AppState`: config, metrics, the service (and its Engine)."""
+        return self.app.state.decode_server
+
+    @property
+    def engine(self) -> Engine:
+        return self.state.service.engine
+
+
+@contextlib.asynccontextmanager
+async def serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
+    args = serve_args(model_dir, *flags)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    if args.tokens_only:
+        engine_args.tokens_only = True  # as Engine.start
+    llm = ScriptedAsyncLLM(engine_setup(engine_args))
+    lifecycle = Lifecycle(args.shutdown_timeout)
+    app = build_app(lambda: Engine(llm, tokens_only=args.tokens_only), server_config(args), lifecycle)
+    try:
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url=BASE_URL, timeout=30) as client:
+                yield InProcess(app, client, llm, lifecycle, args)
+    finally:
+        AppStatus.should_exit = False  # process-global: a drain deadline in one test must not end the next one's streams

@@ -1,0 +1,90 @@
+"""vLLM's own AsyncLLM over the scripted engine core: real RequestOutputs, no engine process.
+
+`ScriptedAsyncLLM(setup)` is an `AsyncLLM` (vLLM's EngineClient) built on the real `VllmConfig` and
+renderer (tokenizer) of an engine configuration; only its `engine_core` is the `ScriptedCore`. So
+the InputProcessor validates and renders requests, and the OutputProcessor turns the scripted
+`EngineCoreOutput`s into `RequestOutput`s exactly as it does behind `vllm serve`.
+
+`engine_setup(engine_args)` builds the config and renderer once per engine configuration and
+process: the renderer's tokenizer pool is the slow part (seconds), a new AsyncLLM is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.renderers import registry as renderer_registry
+from vllm.renderers import renderer_from_config
+from vllm.tokenizers.registry import tokenizer_args_from_config
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine import async_llm
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.core_client import EngineCoreClient
+
+from tests.scripted.core import ScriptedCore
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    engine_args: AsyncEngineArgs
+    vllm_config: VllmConfig
+    renderer: Any  # vLLM's BaseRenderer; lives for the session, shared by every AsyncLLM built on it
+
+
+_setups: list[EngineSetup] = []
+# Thread-safe tokenizers (vLLM's pooled copies) by what loads them: a second engine configuration
+# of the same model gets a renderer around the same pool instead of deep-copying the vocabulary again.
+_tokenizers: dict[tuple[Any, ...], Any] = {}
+
+
+def _renderer(vllm_config: VllmConfig) -> Any:
+    model_config = vllm_config.model_config
+    mode, *_ = tokenizer_args_from_config(model_config)
+    key = (model_config.tokenizer, mode, model_config.tokenizer_revision, model_config.skip_tokenizer_init)
+    pooled = _tokenizers.get(key)
+    if pooled is None or model_config.skip_tokenizer_init:
+        renderer = renderer_from_config(vllm_config)
+        _tokenizers[key] = renderer.tokenizer
+        return renderer
+    return renderer_registry.RENDERER_REGISTRY.load_renderer(mode, vllm_config, pooled)
+
+
+def engine_setup(engine_args: AsyncEngineArgs) -> EngineSetup:
+    """The config and renderer for these engine args, built once per process."""
+    for setup in _setups:
+        if setup.engine_args == engine_args:
+            return setup
+    vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+    setup = EngineSetup(engine_args, vllm_config, _renderer(vllm_config))
+    _setups.append(setup)
+    return setup
+
+
+class ScriptedAsyncLLM(AsyncLLM):
+    """vLLM's AsyncLLM whose engine core is a `ScriptedCore` (`.engine_core`, also `.core`)."""
+
+    def __init__(self, setup: EngineSetup, *, log_stats: bool | None = None, core: ScriptedCore | None = None):
+        log_stats = not setup.engine_args.disable_log_stats if log_stats is None else log_stats
+        core = core or ScriptedCore(setup.vllm_config, log_stats)
+        # The two seams AsyncLLM builds itself: the session's renderer, and the core client.
+        with (
+            mock.patch.object(async_llm, "renderer_from_config", lambda config: setup.renderer),
+            mock.patch.object(EngineCoreClient, "make_async_mp_client", lambda *args, **kwargs: core),
+        ):
+            super().__init__(
+                setup.vllm_config,
+                executor_class=None,  # type: ignore[arg-type]  # only the core client would use it
+                log_stats=log_stats,
+                usage_context=UsageContext.OPENAI_API_SERVER,
+                log_requests=setup.engine_args.enable_log_requests,
+            )
+        self.core = core
+        core.attach(self.output_processor)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.renderer = None  # the session's, not this engine's to close
+        super().shutdown(timeout)
