@@ -52,6 +52,19 @@ def serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
     return args
 
 
+def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
+    built = AsyncEngineArgs.from_cli_args(args)
+    if args.tokens_only:
+        built.tokens_only = True  # as Engine.start
+    return built
+
+
+def scripted_llm(model_dir: Path, *flags: str) -> ScriptedAsyncLLM:
+    """Only the engine (vLLM's EngineClient) a `decode-server serve` command line would build:
+    to feed vLLM's own serving classes the same RequestOutputs as our app."""
+    return ScriptedAsyncLLM(engine_setup(engine_args(serve_args(model_dir, *flags))))
+
+
 @dataclass
 class InProcess:
     app: Any
@@ -77,10 +90,7 @@ class InProcess:
 @contextlib.asynccontextmanager
 async def serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
     args = serve_args(model_dir, *flags)
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    if args.tokens_only:
-        engine_args.tokens_only = True  # as Engine.start
-    llm = ScriptedAsyncLLM(engine_setup(engine_args))
+    llm = ScriptedAsyncLLM(engine_setup(engine_args(args)))
     lifecycle = Lifecycle(args.shutdown_timeout)
     app = build_app(lambda: Engine(llm, tokens_only=args.tokens_only), server_config(args), lifecycle)
     try:

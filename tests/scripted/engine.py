@@ -5,21 +5,20 @@ renderer (tokenizer) of an engine configuration; only its `engine_core` is the `
 the InputProcessor validates and renders requests, and the OutputProcessor turns the scripted
 `EngineCoreOutput`s into `RequestOutput`s exactly as it does behind `vllm serve`.
 
-`engine_setup(engine_args)` builds the config and renderer once per engine configuration and
-process: the renderer's tokenizer pool is the slow part (seconds), a new AsyncLLM is not.
+`engine_setup(engine_args)` builds the config once per engine configuration and the renderer once
+per model configuration: the renderer's tokenizer pool is the slow part (seconds), an AsyncLLM is not.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.renderers import registry as renderer_registry
 from vllm.renderers import renderer_from_config
-from vllm.tokenizers.registry import tokenizer_args_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import async_llm
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -36,21 +35,21 @@ class EngineSetup:
 
 
 _setups: list[EngineSetup] = []
-# Thread-safe tokenizers (vLLM's pooled copies) by what loads them: a second engine configuration
-# of the same model gets a renderer around the same pool instead of deep-copying the vocabulary again.
-_tokenizers: dict[tuple[Any, ...], Any] = {}
+_renderers: list[Any] = []
 
 
 def _renderer(vllm_config: VllmConfig) -> Any:
+    """One renderer per model configuration: its tokenizer pool (deep copies of the vocabulary)
+    takes seconds. A text model's renderer reads nothing of the engine config but `model_config`,
+    so configurations that differ elsewhere (parsers, max_num_seqs, LoRA) share it."""
     model_config = vllm_config.model_config
-    mode, *_ = tokenizer_args_from_config(model_config)
-    key = (model_config.tokenizer, mode, model_config.tokenizer_revision, model_config.skip_tokenizer_init)
-    pooled = _tokenizers.get(key)
-    if pooled is None or model_config.skip_tokenizer_init:
-        renderer = renderer_from_config(vllm_config)
-        _tokenizers[key] = renderer.tokenizer
-        return renderer
-    return renderer_registry.RENDERER_REGISTRY.load_renderer(mode, vllm_config, pooled)
+    if not model_config.supports_multimodal_inputs:
+        for renderer in _renderers:
+            if renderer.model_config == model_config:
+                return renderer
+    renderer = renderer_from_config(vllm_config)
+    _renderers.append(renderer)
+    return renderer
 
 
 def engine_setup(engine_args: AsyncEngineArgs) -> EngineSetup:
@@ -58,8 +57,10 @@ def engine_setup(engine_args: AsyncEngineArgs) -> EngineSetup:
     for setup in _setups:
         if setup.engine_args == engine_args:
             return setup
+    # create_engine_config fills in fields of the args it is given: the key is the args as passed.
+    as_passed = copy.deepcopy(engine_args)
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-    setup = EngineSetup(engine_args, vllm_config, _renderer(vllm_config))
+    setup = EngineSetup(as_passed, vllm_config, _renderer(vllm_config))
     _setups.append(setup)
     return setup
 
