@@ -104,8 +104,9 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
         task = asyncio.create_task(run())
         try:
             message = await started
-        except BaseException:
+        except BaseException:  # the app failed before answering, or the caller gave up (cancelled)
+            disconnected.set()
             with contextlib.suppress(BaseException):
-                await task
+                await asyncio.wait_for(task, APP_EXIT_TIMEOUT_S)
             raise
         return httpx.Response(message["status"], headers=message.get("headers", []), stream=_Body(chunks, task, disconnected))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from decode_server.server import Lifecycle
 from tests.asgi_stream import StreamingASGITransport
 from tests.scripted import ScriptedAsyncLLM, ScriptedCore, engine_setup
 from tests.servers import ENGINE_FLAGS
+from tests.support import GENERATE
 
 BASE_URL = "http://decode-server.test"
 _parser: argparse.ArgumentParser | None = None
@@ -85,6 +87,30 @@ class InProcess:
     @property
     def engine(self) -> Engine:
         return self.state.service.engine
+
+    async def metric(self, name: str, **labels: str) -> float:
+        """The sum of `name`'s samples on /metrics whose labels include `labels`."""
+        text = (await self.client.get("/metrics")).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#") or not line.startswith(name):
+                continue
+            series, value = line.rsplit(" ", 1)
+            head, _, rest = series.partition("{")
+            found = dict(pair.split("=", 1) for pair in rest.rstrip("}").split(",") if pair)
+            if head == name and all(found.get(k) == f'"{v}"' for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    async def events(self, body: dict[str, Any], **kw: Any) -> list[Any]:
+        """Every `data:` payload of a generate stream, JSON-decoded, ending with "[DONE]"."""
+        out: list[Any] = []
+        async with self.client.stream("POST", GENERATE, json={**body, "stream": True}, **kw) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    out.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+        return out
 
 
 @contextlib.asynccontextmanager

@@ -175,3 +175,20 @@ async def test_a_dead_engine_fails_open_and_new_requests(llm):
     assert llm.errored
     with pytest.raises(EngineDeadError):
         await outputs(llm, params([9707]), "new")
+
+
+async def test_a_gate_after_tokens_pauses_a_running_request(llm):
+    gate = llm.core.hold("paused", after_tokens=2)
+    seen: list[list[int]] = []
+
+    async def read() -> None:
+        async for out in llm.generate(tokens_input(PROMPT), params([1, 2, 3, 4]), "paused"):
+            seen.append(out.outputs[0].token_ids)
+
+    task = asyncio.create_task(read())
+    await gate.reached()
+    await asyncio.sleep(0.05)
+    assert seen == [[1], [2]] and llm.core.running
+    gate.release()
+    await task
+    assert seen == [[1], [2], [3], [4], [IM_END]]

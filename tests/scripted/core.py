@@ -43,14 +43,19 @@ def matcher(match: Match) -> Callable[[str], bool]:
 
 @dataclass
 class Gate:
-    """Requests whose external id matches stay queued (status WAITING) until `release()`."""
+    """Matching requests make no progress once they have `after_tokens` output tokens (0: they stay
+    queued, status WAITING; more: they run that far, then get no tokens) until `release()`."""
 
     matches: Callable[[str], bool]
+    after_tokens: int
     core: ScriptedCore
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def holds(self, live: _Live) -> bool:
+        return self.matches(live.external_id) and live.request.num_output_tokens >= self.after_tokens
+
     async def reached(self, timeout_s: float = 10.0) -> None:
-        """Until a matching request has reached the engine (and is held there)."""
+        """Until a matching request is held (queued, or at `after_tokens`)."""
         await asyncio.wait_for(self.arrived.wait(), timeout_s)
 
     def release(self) -> None:
@@ -110,12 +115,10 @@ class ScriptedCore(EngineCoreClient):
 
     # ------------------------------------------------------------ test hooks
 
-    def hold(self, match: Match) -> Gate:
-        gate = Gate(matcher(match), self)
+    def hold(self, match: Match, after_tokens: int = 0) -> Gate:
+        gate = Gate(matcher(match), after_tokens, self)
         self._gates.append(gate)
-        for live in self._waiting + self._running:
-            if gate.matches(live.external_id):
-                gate.arrived.set()
+        self._note_held()
         return gate
 
     def fail(self, match: Match, after_tokens: int = 0) -> None:
@@ -159,10 +162,8 @@ class ScriptedCore(EngineCoreClient):
         if self.log_stats:
             req.record_event(EngineCoreEventType.QUEUED)
         live = _Live(req, request.external_req_id or request.request_id, self.model.replay_state(req))
-        for gate in self._gates:
-            if gate.matches(live.external_id):
-                gate.arrived.set()
         self._waiting.append(live)
+        self._note_held()
         self._changed()
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
@@ -192,10 +193,13 @@ class ScriptedCore(EngineCoreClient):
             if self.resources.engine_dead:
                 raise EngineDeadError()
             self._admit()
-            if self._running:
+            if any(not self._held(live) for live in self._running):
                 await self._pace()
                 if not self.resources.engine_dead:
-                    return self._outputs([o for live in list(self._running) if (o := self._advance(live))])
+                    stepping = [live for live in self._running if not self._held(live)]
+                    outputs = [self._advance(live) for live in stepping]
+                    self._note_held()
+                    return self._outputs(outputs)
             elif self._stats_changed:
                 return self._outputs([])
             else:
@@ -212,7 +216,12 @@ class ScriptedCore(EngineCoreClient):
         self._wake()
 
     def _held(self, live: _Live) -> bool:
-        return any(gate.matches(live.external_id) for gate in self._gates)
+        return any(gate.holds(live) for gate in self._gates)
+
+    def _note_held(self) -> None:
+        for gate in self._gates:
+            if any(gate.holds(live) for live in self._waiting + self._running):
+                gate.arrived.set()
 
     def _admit(self) -> None:
         """First come, first served, up to max_num_seqs; a held request keeps its place."""
@@ -298,9 +307,12 @@ class ScriptedCore(EngineCoreClient):
         )
 
     def _sample(self, live: _Live) -> tuple[list[int], bool]:
-        """This step's tokens, appended and stop-checked one by one as vLLM's scheduler does."""
+        """This step's tokens, appended and stop-checked one by one as vLLM's scheduler does (a gate
+        stops the step where it holds)."""
         new_token_ids: list[int] = []
         for _ in range(self.tokens_per_step):
+            if new_token_ids and self._held(live):
+                break
             token = self.model.next_token(live.replay)
             live.request.append_output_token_ids(token)
             new_token_ids.append(token)
