@@ -89,6 +89,8 @@ class ScriptedCore(EngineCoreClient):
         # Each step waits until every stream took its previous output (so a stream gets one
         # RequestOutput per step), at most this long for a reader that stalls.
         self.lockstep_timeout_s = 1.0
+        # vLLM's EngineCore labels every step with its weight version (outputs carry the spans).
+        self.weight_version = "default"
         # What a finished request's KV connector hands back (None: no connector, as the demo runs).
         self.finished_kv_transfer_params: Callable[[Request], dict[str, Any] | None] = lambda request: None
         self.cached_tokens: Callable[[Request], int] = lambda request: 0
@@ -174,6 +176,12 @@ class ScriptedCore(EngineCoreClient):
                 live.request.status = RequestStatus.FINISHED_ABORTED
                 self.aborted.append(live.request.request_id)
                 self._changed()
+
+    async def set_weight_version_async(self, weight_version: str) -> None:
+        self.weight_version = weight_version
+
+    async def get_weight_version_async(self) -> str:
+        return self.weight_version
 
     async def add_lora_async(self, lora_request: LoRARequest) -> bool:
         self.loras[lora_request.lora_int_id] = lora_request
@@ -263,7 +271,9 @@ class ScriptedCore(EngineCoreClient):
         stats = None
         if self.log_stats:
             stats = SchedulerStats(num_running_reqs=len(self._running), num_waiting_reqs=len(self._waiting))
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.monotonic())
+        return EngineCoreOutputs(
+            outputs=outputs, scheduler_stats=stats, timestamp=time.monotonic(), weight_version=self.weight_version
+        )
 
     def _failing(self, live: _Live) -> bool:
         n = live.request.num_output_tokens
