@@ -36,6 +36,7 @@ from tests.support import GENERATE
 
 BASE_URL = "http://decode-server.test"
 _parser: argparse.ArgumentParser | None = None
+_vllm_parser: argparse.ArgumentParser | None = None
 
 
 def serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
@@ -125,3 +126,39 @@ async def serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
                 yield InProcess(app, client, llm, lifecycle, args)
     finally:
         AppStatus.should_exit = False  # process-global: a drain deadline in one test must not end the next one's streams
+
+
+def vllm_serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
+    """`vllm serve` (as tests/servers.py starts vLLM's own server), parsed and checked by vLLM."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    global _vllm_parser
+    _vllm_parser = _vllm_parser or make_arg_parser(FlexibleArgumentParser())
+    args = _vllm_parser.parse_args(["--model", str(model_dir), "--enable-scale-out", *ENGINE_FLAGS, *flags])
+    validate_parsed_serve_args(args)
+    return args
+
+
+@contextlib.asynccontextmanager
+async def vllm_serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
+    """vLLM's own API server (its FastAPI app, serving classes and lifespan) over the scripted
+    engine: coupled chat, vLLM's generate and render get the same RequestOutputs as our app.
+    `InProcess.state`/`engine`/`metric` are ours only; use `client`, `llm` and `core`."""
+    import gc
+
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app as build_vllm_app
+
+    args = vllm_serve_args(model_dir, *flags)
+    llm = ScriptedAsyncLLM(engine_setup(AsyncEngineArgs.from_cli_args(args)))
+    tasks = await llm.get_supported_tasks()
+    app = build_vllm_app(args, tasks, llm.model_config)
+    try:
+        await init_app_state(llm, app.state, args, tasks)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url=BASE_URL, timeout=30) as client:
+                yield InProcess(app, client, llm, Lifecycle(), args)
+    finally:
+        llm.shutdown()
+        gc.unfreeze()  # vLLM's lifespan freezes the heap for a long-lived server; a test process is not one
