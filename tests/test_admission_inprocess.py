@@ -349,3 +349,17 @@ async def test_a_stream_sends_one_chunk_per_engine_step(app):
     app.core.tokens_per_step = 2
     events = await app.events(body())
     assert [c["choices"][0]["token_ids"] for c in events[:-1]] == [SCRIPT[:2], SCRIPT[2:], [IM_END]]
+
+
+async def test_vllms_queue_limit_is_a_503_with_retry_after_and_its_message(demo_model, caplog):
+    # vLLM counts every unfinished request against --max-num-queued-reqs (its AsyncLLM does, here too).
+    async with serve(demo_model, "--max-num-seqs", "1", "--max-num-queued-reqs", "1") as s:
+        gate = s.core.hold("run", after_tokens=1)
+        running = asyncio.create_task(s.client.post(GENERATE, json=body(request_id="run")))
+        await gate.reached()
+        code, message, _ = error_of(r := await s.client.post(GENERATE, json=body(request_id="over")))
+        assert (code, r.headers["retry-after"]) == (503, "1") and "busy" in message, "vLLM's QueueOverflowError"
+        assert await s.metric("decode_server_rejections_total", reason="engine_overload") == 1
+        gate.release()
+        assert (await running).status_code == 200
+    assert not [rec for rec in caplog.records if rec.exc_info], "no stack trace for an overload"
