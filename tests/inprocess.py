@@ -25,10 +25,10 @@ from sse_starlette.sse import AppStatus
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
-from decode_server.app import build_app
-from decode_server.cli import build_parser, server_config
-from decode_server.engine import Engine
-from decode_server.server import Lifecycle
+from decode_server.http.app import build_app
+from decode_server.process.cli import build_parser, server_config
+from decode_server.runtime.engine import Engine
+from decode_server.process.server import Lifecycle
 from tests.asgi_stream import StreamingASGITransport
 from tests.scripted import ScriptedAsyncLLM, ScriptedCore, engine_setup
 from tests.servers import ENGINE_FLAGS

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateTokensResponse, GenerateTokensStreamResponse
 
-from decode_server.fingerprint import HEADER as FINGERPRINT
+from decode_server.generate.fingerprint import HEADER as FINGERPRINT
 from protocol.generate import MODE_TYPES, UsageChunk
 from tests.inprocess import serve
 from tests.servers import PARSER_FLAGS

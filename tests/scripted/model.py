@@ -17,7 +17,7 @@ from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 from vllm.v1.request import Request
 from vllm.v1.sample.sampler import Sampler
 
-from decode_server.replay import ReplayLogitsProcessor
+from decode_server.tools.replay import ReplayLogitsProcessor
 
 
 class ScriptedModel:
