@@ -62,3 +62,12 @@ def plain_server(demo_model, log_dir):
 def anyio_backend():
     """Async tests (`pytest.mark.anyio`) run on asyncio, the loop the server and vLLM use."""
     return "asyncio"
+
+
+@pytest.fixture
+async def inproc(demo_model):
+    """The app over the scripted engine, as the decode pool runs it (the `server` fixture's flags)."""
+    from tests.inprocess import serve
+
+    async with serve(demo_model, *servers.PARSER_FLAGS) as app:
+        yield app

@@ -32,9 +32,11 @@ from decode_server.process.server import Lifecycle
 from tests.asgi_stream import StreamingASGITransport
 from tests.scripted import ScriptedAsyncLLM, ScriptedCore, engine_setup
 from tests.servers import ENGINE_FLAGS
-from tests.support import GENERATE
+from tests.support import GENERATE, scripted
 
 BASE_URL = "http://decode-server.test"
+PROMPT = [9707, 1879]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 _parser: argparse.ArgumentParser | None = None
 _vllm_parser: argparse.ArgumentParser | None = None
 
@@ -53,6 +55,20 @@ def serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
 
         ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     return args
+
+
+def body_for(mode: str, script: list[int], **fields: Any) -> dict[str, Any]:
+    """A scripted generate body at an output level (derender without thinking unless told)."""
+    if mode == "derender":
+        fields.setdefault("parse_context", NO_THINKING)
+    return scripted(PROMPT, script, output_mode=mode, **fields)
+
+
+def error_of(response: httpx.Response) -> tuple[int, str, str | None]:
+    """(status, message, param) of an error answer, whose body's code must be its status."""
+    error = response.json()["error"]
+    assert error["code"] == response.status_code, response.text
+    return response.status_code, error["message"], error["param"]
 
 
 def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:

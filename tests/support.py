@@ -72,42 +72,6 @@ async def _until(client: httpx.AsyncClient, url: str, ready: Any, timeout_s: flo
     raise AssertionError(f"engine never reached the wanted state: {values}")
 
 
-def abort_while_queued(url: str, body: dict[str, Any], max_num_seqs: int = 16) -> list[dict[str, Any]]:
-    """Stream `body` while `max_num_seqs` long requests hold every engine slot, abort it before
-    its first token, and return its chunks (the blockers are aborted afterwards)."""
-    import asyncio
-
-    blockers = [
-        scripted([9707], [], request_id=f"blocker-{i}", sampling_params={"max_tokens": 400, "ignore_eos": True})
-        for i in range(max_num_seqs)
-    ]
-
-    async def run() -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(timeout=120) as client:
-
-            async def stream(b: dict[str, Any]) -> list[dict[str, Any]]:
-                out = []
-                async with client.stream("POST", url + GENERATE, json={**b, "stream": True}) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: ") and line != "data: [DONE]":
-                            out.append(json.loads(line[6:]))
-                return out
-
-            block_tasks = [asyncio.create_task(stream(b)) for b in blockers]
-            await _until(client, url, lambda m: m["vllm:num_requests_running"] >= max_num_seqs)
-            queued = asyncio.create_task(stream(body))
-            await _until(client, url, lambda m: m["vllm:num_requests_waiting"] >= 1)
-            for _ in range(2):  # twice: the second abort of the same id is a no-op
-                r = await client.post(url + "/abort_requests", json={"request_ids": [body["request_id"], "nobody"]})
-                assert r.status_code == 200
-            result = await asyncio.wait_for(queued, 30)
-            await client.post(url + "/abort_requests", json={"request_ids": [b["request_id"] for b in blockers]})
-            await asyncio.gather(*block_tasks)
-            return result
-
-    return asyncio.run(run())
-
-
 async def tag_response(request: Any, call_next: Any) -> Any:
     """An operator's `--middleware` (function form), for the frontend-flag tests."""
     response = await call_next(request)

@@ -15,36 +15,20 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateToken
 
 from decode_server.generate.fingerprint import HEADER as FINGERPRINT
 from protocol.generate import MODE_TYPES, UsageChunk
-from tests.inprocess import serve
+from tests.inprocess import PROMPT, body_for, error_of, serve
 from tests.servers import PARSER_FLAGS
-from tests.support import GENERATE, scripted
+from tests.support import GENERATE
 
 pytestmark = pytest.mark.anyio
 
-PROMPT = [9707, 1879]
 IM_END = 151645
 SCRIPT = [9707, 11, 1879, 0]  # "Hello, world!"
-NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 DRAINING = "the server is draining (shutting down); retry on another replica"
 DEAD = "the engine is dead; this server will restart"
 
 
-@pytest.fixture
-async def app(demo_model):
-    async with serve(demo_model, *PARSER_FLAGS) as s:
-        yield s
-
-
-def error_of(r) -> tuple[int, str, str | None]:
-    body = r.json()["error"]
-    assert body["code"] == r.status_code
-    return r.status_code, body["message"], body["param"]
-
-
-def body(mode: str = "tokens", script: list[int] = SCRIPT, **fields):
-    if mode == "derender":
-        fields.setdefault("parse_context", NO_THINKING)
-    return scripted(PROMPT, script, output_mode=mode, **fields)
+def body(mode: str = "tokens", **fields):
+    return body_for(mode, SCRIPT, **fields)
 
 
 # ------------------------------------------------------------------ error mapping and rule order
@@ -94,10 +78,10 @@ async def test_rules_run_in_admission_order(demo_model):
         assert r.headers["retry-after"] == "1"
 
 
-async def test_sampling_rules_surface_vllms_message(app):
-    code, message, param = error_of(await app.client.post(GENERATE, json=body(sampling_params={"temperature": -1})))
+async def test_sampling_rules_surface_vllms_message(inproc):
+    code, message, param = error_of(await inproc.client.post(GENERATE, json=body(sampling_params={"temperature": -1})))
     assert (code, param) == (400, "sampling_params.temperature") and "temperature must be non-negative" in message
-    r = await app.client.post(GENERATE, json=body(mode="text", sampling_params={"detokenize": False}))
+    r = await inproc.client.post(GENERATE, json=body(mode="text", sampling_params={"detokenize": False}))
     assert error_of(r) == (400, "output_mode='text' requires sampling_params.detokenize to be true", "sampling_params.detokenize")
 
 
@@ -116,30 +100,30 @@ async def test_tokens_only_refuses_text_levels_and_stop_strings(demo_model):
 # ------------------------------------------------------------------ headers
 
 
-async def test_request_id_header_names_the_request_and_is_echoed(app):
-    r = await app.client.post(GENERATE, json=body(request_id="from-body"), headers={"X-Request-Id": "from-header"})
+async def test_request_id_header_names_the_request_and_is_echoed(inproc):
+    r = await inproc.client.post(GENERATE, json=body(request_id="from-body"), headers={"X-Request-Id": "from-header"})
     assert r.status_code == 200, r.text
     assert r.headers["x-request-id"] == "from-header"
     assert r.json()["request_id"] == "generate-tokens-from-header"
-    assert app.core.seen[-1].external_req_id.endswith("-from-header")
-    r = await app.client.post(GENERATE, json=body(request_id="from-body"))
+    assert inproc.core.seen[-1].external_req_id.endswith("-from-header")
+    r = await inproc.client.post(GENERATE, json=body(request_id="from-body"))
     assert (r.headers["x-request-id"], r.json()["request_id"]) == ("from-body", "generate-tokens-from-body")
 
 
-async def test_every_answer_carries_the_published_fingerprint_and_a_match_is_served(app):
-    published = (await app.client.get("/v1/models")).json()["data"][0]["parser_fingerprint"]
-    r = await app.client.post(GENERATE, json=body(), headers={FINGERPRINT: published})
+async def test_every_answer_carries_the_published_fingerprint_and_a_match_is_served(inproc):
+    published = (await inproc.client.get("/v1/models")).json()["data"][0]["parser_fingerprint"]
+    r = await inproc.client.post(GENERATE, json=body(), headers={FINGERPRINT: published})
     assert r.status_code == 200 and r.headers[FINGERPRINT] == published
-    async with app.client.stream("POST", GENERATE, json={**body(), "stream": True}) as stream:
+    async with inproc.client.stream("POST", GENERATE, json={**body(), "stream": True}) as stream:
         assert stream.headers[FINGERPRINT] == published
 
 
-async def test_engine_headers_and_the_request_reach_the_engine(app):
+async def test_engine_headers_and_the_request_reach_the_engine(inproc):
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     headers = {"X-data-parallel-rank": "0", "X-Session-ID": "s-1", "traceparent": traceparent}
-    r = await app.client.post(GENERATE, json=body(cache_salt="salt", priority=0), headers=headers)
+    r = await inproc.client.post(GENERATE, json=body(cache_salt="salt", priority=0), headers=headers)
     assert r.status_code == 200, r.text
-    sent = app.core.seen[-1]
+    sent = inproc.core.seen[-1]
     assert (sent.prompt_token_ids, sent.cache_salt, sent.session_id, sent.data_parallel_rank) == (PROMPT, "salt", "s-1", 0)
     assert sent.sampling_params.extra_args["replay_token_ids"] == SCRIPT
     # vLLM drops trace headers unless an OTLP endpoint is configured (as it does for its own server).
@@ -165,15 +149,15 @@ async def test_api_keys_guard_generate_and_abort_and_leave_probes_open(demo_mode
 # ------------------------------------------------------------------ drain and engine death
 
 
-async def test_drain_refuses_new_requests_and_lets_open_ones_finish(app):
-    gate = app.core.hold("open", after_tokens=1)
-    stream = asyncio.create_task(app.events(body(request_id="open")))
+async def test_drain_refuses_new_requests_and_lets_open_ones_finish(inproc):
+    gate = inproc.core.hold("open", after_tokens=1)
+    stream = asyncio.create_task(inproc.events(body(request_id="open")))
     await gate.reached()
-    app.lifecycle.begin_drain()
-    r = await app.client.post(GENERATE, json=body())
+    inproc.lifecycle.begin_drain()
+    r = await inproc.client.post(GENERATE, json=body())
     assert error_of(r) == (503, DRAINING, None) and r.headers["retry-after"] == "1"
-    assert error_of(await app.client.get("/ready")) == (503, "draining", None)
-    assert (await app.client.get("/health")).status_code == 200
+    assert error_of(await inproc.client.get("/ready")) == (503, "draining", None)
+    assert (await inproc.client.get("/health")).status_code == 200
     gate.release()
     events = await stream
     assert [t for e in events[:-1] for c in e["choices"] for t in c["token_ids"]] == SCRIPT + [IM_END]
@@ -192,124 +176,40 @@ async def test_the_drain_deadline_aborts_what_is_left(demo_model):
         assert s.engine.live_request_count() == 0
 
 
-async def test_engine_death_fails_health_new_requests_and_open_streams(app):
-    gate = app.core.hold("open", after_tokens=1)
-    stream = asyncio.create_task(app.events(body(request_id="open")))
+async def test_engine_death_fails_health_new_requests_and_open_streams(inproc):
+    gate = inproc.core.hold("open", after_tokens=1)
+    stream = asyncio.create_task(inproc.events(body(request_id="open")))
     await gate.reached()
-    app.core.die()
+    inproc.core.die()
     events = await asyncio.wait_for(stream, 10)
     assert events[0]["choices"][0]["token_ids"] == [SCRIPT[0]]
     assert events[-2] == {"error": {"message": DEAD, "type": "ServiceUnavailableError", "param": None, "code": 503}}
     assert events[-1] == "[DONE]"
-    assert error_of(await app.client.get("/health")) == (503, "the engine is dead", None)
-    assert error_of(await app.client.post(GENERATE, json=body())) == (503, DEAD, None)
+    assert error_of(await inproc.client.get("/health")) == (503, "the engine is dead", None)
+    assert error_of(await inproc.client.post(GENERATE, json=body())) == (503, DEAD, None)
     for _ in range(40):  # the watchdog looks every ENGINE_WATCH_INTERVAL_S
-        if app.lifecycle.engine_died:
+        if inproc.lifecycle.engine_died:
             break
         await asyncio.sleep(0.05)
-    assert app.lifecycle.exit_code == 1
+    assert inproc.lifecycle.exit_code == 1
 
 
-async def test_a_request_the_engine_fails_is_a_500_or_an_error_event(app):
-    app.core.fail("batch")
-    r = await app.client.post(GENERATE, json=body(request_id="batch"))
+async def test_a_request_the_engine_fails_is_a_500_or_an_error_event(inproc):
+    inproc.core.fail("batch")
+    r = await inproc.client.post(GENERATE, json=body(request_id="batch"))
     assert error_of(r) == (500, "Internal server error", None)
-    app.core.fail("stream", after_tokens=1)
-    events = await app.events(body(request_id="stream"))
+    inproc.core.fail("stream", after_tokens=1)
+    events = await inproc.events(body(request_id="stream"))
     assert events[-2]["error"]["code"] == 500 and events[-2]["error"]["message"] == "Internal server error"
-    assert await app.metric("decode_server_rejections_total", reason="engine") == 2
-
-
-# ------------------------------------------------------------------ aborts and bookkeeping
-
-
-async def test_abort_by_caller_id_ends_the_stream_with_abort_and_counts_it(app):
-    gate = app.core.hold("ab-1", after_tokens=2)
-    stream = asyncio.create_task(app.events(body(request_id="ab-1")))
-    await gate.reached()
-    r = await app.client.post("/abort_requests", json={"request_ids": ["ab-1", "nobody"]})
-    assert (r.status_code, r.content) == (200, b"")
-    events = await asyncio.wait_for(stream, 10)
-    assert [c["token_ids"] for e in events[:-1] for c in e["choices"]] == [[SCRIPT[0]], [SCRIPT[1]], []]
-    assert events[-2]["choices"][0]["finish_reason"] == "abort"
-    assert await app.metric("decode_server_aborts_total", cause="abort_endpoint") == 1
-    assert await app.metric("decode_server_aborts_total", cause="engine_abort") == 1
-    assert await app.metric("decode_server_requests_total", output_mode="tokens", status="200") == 1
-    assert await app.metric("decode_server_requests_in_flight") == 0
-    assert app.engine.live_request_count() == 0
-
-
-async def test_abort_of_a_queued_request_twice_and_of_an_unknown_id(app):
-    gate = app.core.hold("queued")
-    stream = asyncio.create_task(app.events(body("derender", request_id="queued")))
-    await gate.reached()
-    assert app.core.waiting == [app.core.seen[-1].external_req_id]
-    assert await app.metric("vllm:num_requests_waiting") == 1
-    for _ in range(2):
-        r = await app.client.post("/inference/v1/abort_requests", json={"request_ids": ["queued", "nobody"]})
-        assert r.status_code == 200
-    events = await asyncio.wait_for(stream, 10)
-    assert events[-2]["choices"][0]["finish_reason"] == "abort"
-    assert sum(len(c["token_ids"] or []) for e in events[:-1] for c in e["choices"]) == 0
-    assert app.core.waiting == [] and app.engine.live_request_count() == 0
-    assert await app.metric("vllm:num_requests_waiting") == 0
-
-
-async def test_abort_of_a_batch_request_returns_its_partial_output(app):
-    gate = app.core.hold("batch-abort", after_tokens=2)
-    pending = asyncio.create_task(app.client.post(GENERATE, json=body("text", request_id="batch-abort")))
-    await gate.reached()
-    await app.client.post("/abort_requests", json={"request_ids": ["batch-abort"]})
-    choice = (await pending).json()["choices"][0]
-    assert (choice["token_ids"], choice["text"], choice["finish_reason"]) == (SCRIPT[:2], "Hello,", "abort")
-
-
-async def test_a_stream_client_that_goes_away_is_aborted_and_counted_as_499(app):
-    gate = app.core.hold("gone", after_tokens=1)
-    async with app.client.stream("POST", GENERATE, json={**body(request_id="gone"), "stream": True}) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                break
-        await gate.reached()
-    # Leaving the block closed the response: the app saw http.disconnect and finished.
-    assert app.core.aborted and app.core.running == []
-    assert app.engine.live_request_count() == 0
-    assert await app.metric("decode_server_requests_total", output_mode="tokens", status="499") == 1
-    assert await app.metric("decode_server_aborts_total", cause="client_disconnect") == 1
-    assert await app.metric("decode_server_requests_in_flight") == 0
-
-
-async def test_a_batch_client_that_goes_away_is_aborted(app):
-    gate = app.core.hold("gone")
-    pending = asyncio.create_task(app.client.post(GENERATE, json=body(request_id="gone")))
-    await gate.reached()
-    pending.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await pending
-    assert app.core.aborted and app.core.waiting == []
-    assert await app.metric("decode_server_requests_total", output_mode="tokens", status="499") == 1
-    assert app.engine.live_request_count() == 0
-
-
-async def test_load_counts_admitted_requests_until_they_end(demo_model):
-    async with serve(demo_model, "--enable-server-load-tracking") as s:
-        gate = s.core.hold("busy")
-        pending = asyncio.create_task(s.client.post(GENERATE, json=body(request_id="busy")))
-        await gate.reached()
-        assert (await s.client.get("/load")).json() == {"server_load": 1}
-        assert await s.metric("decode_server_requests_in_flight", output_mode="tokens") == 1
-        gate.release()
-        assert (await pending).status_code == 200
-        assert (await s.client.get("/load")).json() == {"server_load": 0}
-        assert await s.metric("decode_server_time_to_first_token_seconds_count", output_mode="tokens") == 1
+    assert await inproc.metric("decode_server_rejections_total", reason="engine") == 2
 
 
 # ------------------------------------------------------------------ wire shape
 
 
 @pytest.mark.parametrize("mode", ["tokens", "text", "derender"])
-async def test_batch_body_has_the_modes_wire_shape(app, mode):
-    r = await app.client.post(GENERATE, json=body(mode, request_id=f"shape-{mode}"))
+async def test_batch_body_has_the_modes_wire_shape(inproc, mode):
+    r = await inproc.client.post(GENERATE, json=body(mode, request_id=f"shape-{mode}"))
     assert r.status_code == 200, r.text
     types = MODE_TYPES[mode]
     parsed = msgspec.json.decode(r.content, type=types.response)
@@ -327,8 +227,8 @@ async def test_batch_body_has_the_modes_wire_shape(app, mode):
 
 
 @pytest.mark.parametrize("mode", ["tokens", "text", "derender"])
-async def test_stream_chunks_have_the_modes_wire_shape(app, mode):
-    events = await app.events(body(mode, stream_options={"include_usage": True}))
+async def test_stream_chunks_have_the_modes_wire_shape(inproc, mode):
+    events = await inproc.events(body(mode, stream_options={"include_usage": True}))
     assert events[-1] == "[DONE]"
     *chunks, usage = events[:-1]
     for chunk in chunks:
@@ -345,9 +245,9 @@ async def test_stream_chunks_have_the_modes_wire_shape(app, mode):
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Hello, world!"
 
 
-async def test_a_stream_sends_one_chunk_per_engine_step(app):
-    app.core.tokens_per_step = 2
-    events = await app.events(body())
+async def test_a_stream_sends_one_chunk_per_engine_step(inproc):
+    inproc.core.tokens_per_step = 2
+    events = await inproc.events(body())
     assert [c["choices"][0]["token_ids"] for c in events[:-1]] == [SCRIPT[:2], SCRIPT[2:], [IM_END]]
 
 

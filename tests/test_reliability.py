@@ -1,6 +1,7 @@
-"""Reliability on the real engine: limits, disconnect storms, abort edge cases, load, memory, engine death.
+"""Reliability on the real engine: limits, disconnect storms, load, memory, engine death.
 
-Everything targets loopback, bounded in count and time.
+Everything targets loopback, bounded in count and time. Abort edge cases are tested in process
+(tests/test_aborts_inprocess.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import psutil
 import pytest
 
 from tests import servers
-from tests.support import GENERATE, abort_while_queued, post, scripted
+from tests.support import GENERATE, post, scripted
 
 pytestmark = pytest.mark.reliability
 
@@ -115,32 +116,6 @@ def test_disconnect_storm_leaves_no_state(server):
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120)
 
     asyncio.run(storm())
-    _assert_idle_within(server.url, 2.0)
-
-
-@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
-def test_abort_before_the_first_token_twice_and_unknown(server):
-    chunks = abort_while_queued(server.url, _mode_body("derender", [9707], request_id="queued"))
-    assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
-    assert sum(len(c["choices"][0]["token_ids"] or []) for c in chunks) == 0
-    _assert_idle_within(server.url, 2.0)
-
-
-@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
-def test_abort_of_a_batch_request_returns_its_partial_output(server):
-    body = _mode_body("text", [], request_id="batch-abort", sampling_params={"max_tokens": 3000, "ignore_eos": True})
-
-    async def run() -> httpx.Response:
-        async with httpx.AsyncClient(timeout=60) as client:
-            pending = asyncio.create_task(client.post(server.url + GENERATE, json=body))
-            await asyncio.sleep(1.0)
-            await client.post(server.url + "/inference/v1/abort_requests", json={"request_ids": ["batch-abort"]})
-            return await pending
-
-    r = asyncio.run(run())
-    assert r.status_code == 200
-    choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "abort" and 0 < len(choice["token_ids"]) < 3000
     _assert_idle_within(server.url, 2.0)
 
 

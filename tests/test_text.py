@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateTextResponse, GenerateTextStreamResponse
 
 from tests.support import (
-    abort_while_queued,
     choice_chunks,
     finish_reason,
     joined_text,
@@ -99,35 +96,6 @@ def test_final_chunk_carries_only_held_back_text(server, tokenizer):
     assert joined_text(events) == text
     assert last["finish_reason"] == "stop"
     assert last["token_ids"] == [IM_END] and last["text"] != ""
-
-
-@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
-def test_final_chunk_can_carry_only_a_finish_reason(server):
-    # Aborted while queued: the engine's only output is the terminal one, with no tokens.
-    body = scripted(PROMPT, [9707], request_id="text-abort", output_mode="text")
-    chunks = abort_while_queued(server.url, body)
-    assert len(chunks) == 1
-    last = chunks[0]["choices"][0]
-    assert last["finish_reason"] == "abort"
-    assert last["token_ids"] == [] and last["text"] == ""
-
-
-@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
-def test_abort_mid_stream_flushes_held_back_text(server, tokenizer):
-    # "ab" might start the stop string "abc": it is held back, then flushed by the abort.
-    script = _script(tokenizer, "xyz ab") + [1] * 2000
-    body = scripted(PROMPT, script, request_id="held-abort", output_mode="text",
-                    sampling_params={"stop": ["ab" + "c" * 30], "max_tokens": 2000})
-    seen = []
-    with httpx.stream("POST", server.url + "/inference/v1/generate", json={**body, "stream": True}, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                seen.append(json.loads(line[6:]))
-                if len(seen) == 8:
-                    httpx.post(server.url + "/abort_requests", json={"request_ids": ["held-abort"]})
-    assert seen[-1]["choices"][0]["finish_reason"] == "abort"
-    tokens = joined_tokens(seen + ["[DONE]"])
-    assert joined_text(seen + ["[DONE]"]) == tokenizer.decode(tokens)
 
 
 def test_top_logprobs_resolve_strings_and_bytes(server, tokenizer):
