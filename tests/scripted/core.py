@@ -59,8 +59,9 @@ class Gate:
         await asyncio.wait_for(self.arrived.wait(), timeout_s)
 
     def release(self) -> None:
-        self.core._gates.remove(self)
-        self.core._wake()
+        if self in self.core._gates:
+            self.core._gates.remove(self)
+            self.core._wake()
 
 
 @dataclass
