@@ -18,12 +18,6 @@ ENGINE_DEATH_GRACE_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 0.5
 STATS_LOG_INTERVAL_S = 10.0
 RETRY_AFTER_S = 1
-# Transport bounds, from the environment as vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (0: off).
-# A request head (request line + headers) must be complete this long after the connection opens,
-# or after the first byte of a kept-alive connection's next request; else the connection is closed.
-REQUEST_HEAD_TIMEOUT_S = float(os.environ.get("DECODE_SERVER_REQUEST_HEAD_TIMEOUT_S", "10"))
-# A stream whose client reads nothing for this long (every buffer full) is cut and aborted (499).
-STREAM_SEND_TIMEOUT_S = float(os.environ.get("DECODE_SERVER_STREAM_SEND_TIMEOUT_S", "60"))
 # An abort naming an id this server does not hold (yet) is remembered this long, so a request
 # still being read or processed when its abort arrives is aborted as soon as it starts.
 EARLY_ABORT_TTL_S = 2.0
@@ -76,8 +70,17 @@ class ServerConfig:
     lora_modules: tuple[Any, ...] = ()
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter.
     runtime_lora_updating: bool = False
+    # Bounds from the environment (as vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), read when the config is
+    # built; 0: off. A request head (request line + headers) must be complete this long after the
+    # connection opens, or after the first byte of a kept-alive connection's next request.
+    request_head_timeout_s: float = field(default_factory=lambda: _env_seconds("DECODE_SERVER_REQUEST_HEAD_TIMEOUT_S", 10))
+    # A stream whose client reads nothing for this long (every buffer full) is cut and aborted (499).
+    stream_send_timeout_s: float = field(default_factory=lambda: _env_seconds("DECODE_SERVER_STREAM_SEND_TIMEOUT_S", 60))
+    # A remote-prefill (P/D decode-leg) request with no first token this long after it started is
+    # aborted with a 504 (runtime/kv_transfer.py): vLLM's NixlConnector does not bound a stalled KV
+    # transfer. Queueing for a slot counts, and so does a `recompute` of a failed load.
+    remote_prefill_timeout_s: float = field(default_factory=lambda: _env_seconds("DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S", 8))
 
-# A remote-prefill (P/D decode-leg) request with no first token this long after it started is
-# aborted with a 504 (decode_server/runtime/kv_transfer.py): vLLM's NixlConnector does not bound a
-# stalled KV transfer. Queueing for a slot counts, and so does a `recompute` of a failed load (0: off).
-REMOTE_PREFILL_TIMEOUT_S = float(os.environ.get("DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S", "8"))
+
+def _env_seconds(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))

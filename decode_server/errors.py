@@ -56,12 +56,16 @@ class EngineGenerationError(Exception):
     """The engine finished a choice with finish_reason "error"."""
 
 
-def engine_dead() -> Rejected:
-    return Rejected("the engine is dead; this server will restart", status=503, reason="engine_dead")
+ENGINE_DEAD = "the engine is dead; this server will restart"
+DRAINING = "the server is draining (shutting down); retry on another replica"
 
 
-def draining() -> Rejected:
-    return Rejected("the server is draining (shutting down); retry on another replica", status=503, reason="draining")
+def engine_dead(message: str = ENGINE_DEAD) -> Rejected:
+    return Rejected(message, status=503, reason="engine_dead")
+
+
+def draining(message: str = DRAINING) -> Rejected:
+    return Rejected(message, status=503, reason="draining")
 
 
 def describe(e: BaseException) -> ServerError:

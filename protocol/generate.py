@@ -19,6 +19,11 @@ from protocol.chat import ChatLogProbs, ChatMessage, DeltaMessage, ParseContext
 
 OutputMode = Literal["tokens", "text", "derender"]
 
+# The request's id: as vLLM, the caller's header names the request; every response echoes it.
+REQUEST_ID_HEADER = "x-request-id"
+# The parser fingerprint a render tier rendered for (request), and the server's (every response).
+FINGERPRINT_HEADER = "x-parser-fingerprint"
+
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 
 
@@ -302,6 +307,8 @@ class AbortRequest(Struct):
 
 
 __all__ = [
+    "FINGERPRINT_HEADER",
+    "REQUEST_ID_HEADER",
     "AbortRequest",
     "GenerateRequest",
     "GenerateTokensResponse",

@@ -10,10 +10,9 @@ from typing import Any
 
 import msgspec
 
-from protocol.generate import GenerateRequest, new_request_id
+from protocol.generate import FINGERPRINT_HEADER, REQUEST_ID_HEADER, GenerateRequest, new_request_id
 
-FINGERPRINT_HEADER = "x-parser-fingerprint"
-REQUEST_ID_HEADER = "x-request-id"
+__all__ = ["FINGERPRINT_HEADER", "REQUEST_ID_HEADER", "as_dict", "decode_request", "leg_requests", "prefill_request", "request_id_of"]
 
 # What llm-d's routing sidecar (connector nixlv2) puts on the prefill leg.
 PREFILL_KV_TRANSFER_PARAMS: Mapping[str, Any] = {

@@ -243,7 +243,8 @@ def _stub_engine() -> tuple[_GatedLLM, engine_module.Engine]:
 async def _run(engine: engine_module.Engine, caller_id: str) -> str:
     from vllm.sampling_params import SamplingParams
 
-    outs = [o async for o in engine.generate(caller_id, [1, 2], SamplingParams(max_tokens=5))]
+    request = engine_module.EngineRequest(caller_id, [1, 2], SamplingParams(max_tokens=5))
+    outs = [o async for o in engine.generate(request)]
     return outs[-1].finish_reason
 
 

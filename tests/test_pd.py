@@ -201,7 +201,7 @@ def _decoded(body: dict[str, Any]) -> Any:
 def test_only_an_unambiguous_prefill_leg_is_answered_as_a_tokens_prefill():
     """A prefill leg is `do_remote_decode: true` (top level or in extra_args) with max_tokens 1;
     only that drops the decode-only fields, and only those."""
-    from decode_server.generate.rules import as_tokens_prefill_leg, is_prefill_leg, kv_transfer_params_of
+    from decode_server.runtime.kv_transfer import as_tokens_prefill_leg, is_prefill_leg, kv_transfer_params_of
 
     caller = scripted(
         [1, 2, 3], [7], output_mode="derender", cache_salt="s", parse_context={"tools": []}, reasoning_ended=True,

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from decode_server.runtime.engine import EngineLimits
 from decode_server.errors import Rejected
-from decode_server.generate.rules import build_sampling_params
+from decode_server.generate.admission import checked_sampling_params
+from decode_server.generate.modes import MODES
 from protocol.generate import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.reliability
@@ -52,7 +53,7 @@ def _decode_and_validate(raw: bytes) -> None:
         assert str(e)  # the 400 message
         return
     try:
-        build_sampling_params(req, LIMITS, tokens_only=False, generation_defaults={})
+        checked_sampling_params(req, MODES[req.output_mode], LIMITS, tokens_only=False, generation_defaults={})
     except Rejected as e:
         assert e.status in (400, 404, 413) and e.message
 

@@ -24,7 +24,10 @@ from decode_server.generate.pipeline.derender_plan import Derenderer
 from decode_server.generate.pipeline.logprobs import with_integer_logprobs
 from decode_server.generate.pipeline.steps import Step
 from decode_server.generate.pipeline.tokens import token_steps
-from decode_server.generate.pipeline.wire import RequestStats, WireContext, batch_response, stream_chunks
+from decode_server.generate.modes import MODES
+from decode_server.generate.pipeline.stats import counted
+from decode_server.generate.pipeline.wire import WireContext, batch_response, stream_chunks
+from decode_server.runtime.request_record import RequestStats
 
 PROMPT = [9707, 1879]
 
@@ -87,10 +90,11 @@ def test_integer_logprobs_keep_the_sampled_token_and_the_top_k_cut():
 
 
 def test_stream_chunks_carry_prompt_ids_once_continuous_usage_and_a_final_usage_chunk():
-    ctx = WireContext("req-1", "demo", "tokens", include_usage=True, continuous_usage=True, return_token_ids=True)
+    ctx = WireContext("req-1", "demo", MODES["tokens"], include_usage=True, continuous_usage=True, return_token_ids=True)
     outputs = [output(choice([11])), output(choice([12, 13], finish="stop"), finished=True)]
     stats = RequestStats()
-    chunks = [wire_json(c) for c in run(stream_chunks(ctx, token_steps(_aiter(outputs), keep_text_only=False), stats))]
+    steps = counted(token_steps(_aiter(outputs), keep_text_only=False), stats, final_only=False)
+    chunks = [wire_json(c) for c in run(stream_chunks(ctx, steps, stats))]
     assert chunks[0]["prompt_token_ids"] == PROMPT and "prompt_token_ids" not in chunks[1]
     assert [c["choices"][0]["token_ids"] for c in chunks[:2]] == [[11], [12, 13]]
     assert [c["usage"]["completion_tokens"] for c in chunks[:2]] == [1, 3]
@@ -100,10 +104,11 @@ def test_stream_chunks_carry_prompt_ids_once_continuous_usage_and_a_final_usage_
 
 
 def test_batch_response_is_built_from_the_one_final_step():
-    ctx = WireContext("req-2", "demo", "text")
+    ctx = WireContext("req-2", "demo", MODES["text"])
     final = output(choice([11, 12], text="Hello,", finish="length"), finished=True)
     stats = RequestStats()
-    (body,) = [wire_json(asyncio.run(batch_response(ctx, token_steps(_aiter([final]), keep_text_only=True), stats)))]
+    steps = counted(token_steps(_aiter([final]), keep_text_only=True), stats, final_only=True)
+    (body,) = [wire_json(asyncio.run(batch_response(ctx, steps, stats)))]
     assert body["choices"] == [{"index": 0, "finish_reason": "length", "stop_reason": None, "token_ids": [11, 12],
                                 "routed_experts": None, "sampling_mask": None, "weight_versions": None,
                                 "text": "Hello,", "logprobs": None}]
@@ -112,7 +117,7 @@ def test_batch_response_is_built_from_the_one_final_step():
 
 
 def test_withheld_token_ids_are_null_on_the_wire_but_still_counted_in_usage():
-    ctx = WireContext("req-3", "demo", "tokens", include_usage=True)
+    ctx = WireContext("req-3", "demo", MODES["tokens"], include_usage=True)
     step = Step(output(choice([11, 12], finish="stop"), finished=True))
 
     async def hidden() -> AsyncIterator[Step]:
@@ -121,7 +126,8 @@ def test_withheld_token_ids_are_null_on_the_wire_but_still_counted_in_usage():
                 c.withhold_metadata()
             yield s
 
-    chunks = [wire_json(c) for c in run(stream_chunks(ctx, hidden(), RequestStats()))]
+    stats = RequestStats()
+    chunks = [wire_json(c) for c in run(stream_chunks(ctx, counted(hidden(), stats, final_only=False), stats))]
     assert chunks[0]["choices"][0]["token_ids"] is None and chunks[0]["choices"][0]["logprobs"] is None
     assert chunks[1]["usage"]["completion_tokens"] == 2
 
@@ -169,8 +175,7 @@ def _sse_messages(stall_limit_s: float, chunks: list[Any], send_blocks_after: in
         async def receive() -> Any:
             await never.wait()
 
-        response = sse.sse_response(None, rest())
-        response.stall_limit_s = stall_limit_s
+        response = sse.sse_response(None, rest(), stall_limit_s=stall_limit_s)
         await asyncio.wait_for(response({"type": "http", "method": "GET", "asgi": {"spec_version": "2.4"}}, receive, send), 5)
         return sent
 

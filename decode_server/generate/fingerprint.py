@@ -14,8 +14,6 @@ from typing import Any
 
 from decode_server.config import DerenderConfig
 
-HEADER = "x-parser-fingerprint"
-
 
 def parser_fingerprint(tokenizer: Any, model: str, derender: DerenderConfig) -> str:
     h = hashlib.sha256()

@@ -1,8 +1,8 @@
 """Every fail-loud rule for a generate request, one function each, named after what it forbids.
 
-Each raises `errors.Rejected` with the status and a message that names the cause. The
-order matters only in that cheap structural rules run before vLLM's own
-SamplingParams validation, whose message is surfaced unchanged.
+Each raises `errors.Rejected` with the status and a message that names the cause. Admission
+runs them in order (`admission.py`): cheap structural rules before vLLM's own SamplingParams
+validation (`sampling.py`), whose message is surfaced unchanged.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import Any
 
 import msgspec
 from vllm.entrypoints.generate.base.protocol import validate_cache_salt
-from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.exceptions import VLLMValidationError
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import SamplingParams
 
 from decode_server.config import MAX_JSON_DEPTH, MAX_REQUEST_ID_CHARS
-from decode_server.runtime.engine import EngineLimits
 from decode_server.errors import Rejected
-from protocol.generate import GenerateRequest
+from decode_server.generate.modes import Mode
+from decode_server.runtime.engine import EngineLimits
+from protocol.generate import FINGERPRINT_HEADER, GenerateRequest
 
 
 def forbid_multimodal_input(req: GenerateRequest) -> None:
@@ -37,10 +37,10 @@ def forbid_out_of_vocab_token_ids(req: GenerateRequest, limits: EngineLimits) ->
         )
 
 
-def forbid_text_levels_without_tokenizer(req: GenerateRequest, limits: EngineLimits) -> None:
-    if req.output_mode != "tokens" and not limits.has_tokenizer:
+def forbid_text_levels_without_tokenizer(mode: Mode, limits: EngineLimits) -> None:
+    if mode.needs_tokenizer and not limits.has_tokenizer:
         raise Rejected(
-            f"output_mode={req.output_mode!r} requires a tokenizer, but this server does not load one "
+            f"output_mode={mode.name!r} requires a tokenizer, but this server does not load one "
             "(--tokens-only or --skip-tokenizer-init). Send it to a decode server with a tokenizer, "
             "or use output_mode='tokens'.",
             param="output_mode",
@@ -48,10 +48,10 @@ def forbid_text_levels_without_tokenizer(req: GenerateRequest, limits: EngineLim
         )
 
 
-def forbid_text_levels_without_detokenize(req: GenerateRequest, provided: dict[str, Any]) -> None:
-    if req.output_mode != "tokens" and provided.get("detokenize") is False:
+def forbid_text_levels_without_detokenize(mode: Mode, provided: dict[str, Any]) -> None:
+    if mode.needs_text and provided.get("detokenize") is False:
         raise Rejected(
-            f"output_mode={req.output_mode!r} requires sampling_params.detokenize to be true",
+            f"output_mode={mode.name!r} requires sampling_params.detokenize to be true",
             param="sampling_params.detokenize",
             reason="detokenize_false",
             error_type="Bad Request",  # vLLM checks it in its request model's validator
@@ -68,8 +68,8 @@ def forbid_stop_strings_without_tokenizer(provided: dict[str, Any], limits: Engi
         )
 
 
-def forbid_chat_request_outside_derender(req: GenerateRequest) -> None:
-    if req.chat_request is not None and req.output_mode != "derender":
+def forbid_chat_request_outside_derender(req: GenerateRequest, mode: Mode) -> None:
+    if req.chat_request is not None and not mode.reads_chat_context:
         raise Rejected(
             "chat_request is only read at output_mode='derender'; drop it or set output_mode='derender'",
             param="chat_request",
@@ -155,6 +155,18 @@ def forbid_unreadable_request_id(request_id: str) -> None:
         )
 
 
+def forbid_fingerprint_drift(sent: str | None, ours: str) -> None:
+    """The render tier's parser fingerprint (its header), when it sends one, is this server's."""
+    if sent is not None and sent != ours:
+        raise Rejected(
+            f"parser configuration drift: the request was rendered for fingerprint {sent!r}, "
+            f"this server's is {ours!r} (tokenizer, chat template, parsers or model differ)",
+            status=409,
+            param=FINGERPRINT_HEADER,
+            reason="fingerprint_mismatch",
+        )
+
+
 def forbid_deep_json(body: bytes) -> None:
     """Nesting beyond MAX_JSON_DEPTH is refused before decoding (a deep `extra_args` would otherwise
     exhaust the recursion limit somewhere downstream)."""
@@ -180,107 +192,10 @@ def forbid_deep_json(body: bytes) -> None:
             depth -= 1
 
 
-def vllm_sampling_params(provided: dict[str, Any]) -> SamplingParams:
-    """vLLM's own SamplingParams from the caller's keys; its validation message is surfaced as is."""
-    # vLLM's pydantic field takes nested lists for this ndarray-typed field; msgspec cannot.
-    score_ids = provided.pop("prompt_logprob_token_ids", None)
+def forbid_params_the_engine_cannot_carry(sp: SamplingParams) -> None:
+    """The engine gets the request over msgpack; ints beyond 64 bits would fail there, as a 500.
+    `sp.extra_args` carries the transfer params by now."""
     try:
-        sp = msgspec.convert(provided, SamplingParams, strict=False)
-        sp.prompt_logprob_token_ids = score_ids
-        return sp
-    except msgspec.ValidationError as e:  # a type error in the schema: vLLM's "Bad Request"
-        raise Rejected(str(e), param="sampling_params", reason="sampling_params", error_type="Bad Request") from e
-    except (ValueError, TypeError, VLLMValidationError) as e:  # vLLM's own checks, its message
-        param = getattr(e, "parameter", None)
-        raise Rejected(str(e), param=f"sampling_params.{param}" if param else "sampling_params", reason="sampling_params") from e
-
-
-def forbid_params_the_engine_cannot_carry(sp: SamplingParams, req: GenerateRequest) -> None:
-    """The engine gets the request over msgpack; ints beyond 64 bits would fail there, as a 500."""
-    try:
-        msgspec.msgpack.encode((sp, req.kv_transfer_params, req.ec_transfer_params))
+        msgspec.msgpack.encode(sp)
     except (OverflowError, TypeError, ValueError) as e:
         raise Rejected(f"sampling_params or transfer params cannot be sent to the engine: {e}", reason="unencodable") from e
-
-
-# ------------------------------------------------------------------ P/D prefill legs
-
-
-def kv_transfer_params_of(req: GenerateRequest) -> dict[str, Any] | None:
-    """The KV-transfer params the engine gets: the top-level field (vLLM's generate, llm-d's routing
-    sidecar), else `sampling_params.extra_args.kv_transfer_params` (llm-d's coordinator). The top
-    level wins, as in `build_sampling_params` and vLLM's generate."""
-    if req.kv_transfer_params is not None:
-        return req.kv_transfer_params
-    extra = req.sampling_params.extra_args
-    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
-    return params if isinstance(params, dict) else None
-
-
-def is_prefill_leg(req: GenerateRequest) -> bool:
-    """A P/D router's prefill leg: its KV stays for a remote decoder (`do_remote_decode: true`) and
-    it asks for one token, which every router throws away (llm-d's sidecar and coordinator, and
-    `protocol.clients.pd`, keep only the answer's `kv_transfer_params`): its answer never reaches a client."""
-    kv = kv_transfer_params_of(req)
-    return kv is not None and kv.get("do_remote_decode") is True and req.sampling_params.max_tokens == 1
-
-
-def as_tokens_prefill_leg(req: GenerateRequest) -> GenerateRequest:
-    """The prefill leg without what only its decode leg reads and a server without a tokenizer
-    cannot serve (llm-d's sidecar forwards all of it): the text levels and their chat context,
-    stop strings, structured outputs. Its one token is discarded, so none of them can matter."""
-    sampling = msgspec.structs.replace(req.sampling_params, stop=msgspec.UNSET, structured_outputs=msgspec.UNSET)
-    return msgspec.structs.replace(
-        req, output_mode="tokens", parse_context=None, chat_request=None, sampling_params=sampling
-    )
-
-
-def _text_is_unobservable(req: GenerateRequest, sp: SamplingParams) -> bool:
-    """At the tokens level nothing on the wire needs the engine's incremental detokenizer unless
-    stop strings are matched or prompt logprobs carry decoded tokens: skip that per-token work."""
-    return req.output_mode == "tokens" and not sp.stop and sp.prompt_logprobs is None
-
-
-def build_sampling_params(
-    req: GenerateRequest,
-    limits: EngineLimits,
-    *,
-    tokens_only: bool,
-    generation_defaults: dict[str, Any],
-) -> SamplingParams:
-    """Run every rule and return the SamplingParams the engine will get."""
-    provided = req.sampling_params.provided()
-    forbid_multimodal_input(req)
-    forbid_out_of_vocab_token_ids(req, limits)
-    forbid_text_levels_without_tokenizer(req, limits)
-    forbid_text_levels_without_detokenize(req, provided)
-    forbid_stop_strings_without_tokenizer(provided, limits)
-    forbid_chat_request_outside_derender(req)
-    forbid_prompt_logprob_token_ids_in_streams(req, provided)
-    sp = vllm_sampling_params(provided)
-    forbid_n_above_max_num_seqs(sp.n, limits)
-    forbid_logprobs_above_server_max(sp, limits)
-    prompt_len = len(req.token_ids)
-    if "max_tokens" not in provided:
-        # As vLLM: the model's generation config, else the room left in the context.
-        sp.max_tokens = get_max_tokens(
-            max_model_len=limits.max_model_len,
-            max_tokens=None,
-            input_length=prompt_len,
-            default_sampling_params=generation_defaults,
-        ) if prompt_len < limits.max_model_len else None
-    forbid_prompt_without_room_for_output(prompt_len, limits)
-    forbid_params_the_engine_cannot_carry(sp, req)
-    if tokens_only or _text_is_unobservable(req, sp):
-        sp.detokenize = False
-    # Streams get each engine step's delta; batch gets one final output per request
-    # (as vLLM's generate), fed through the same stages.
-    sp.output_kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
-    extra = dict(sp.extra_args or {})
-    if req.kv_transfer_params is not None:
-        extra["kv_transfer_params"] = req.kv_transfer_params
-    if req.ec_transfer_params is not None:
-        extra["ec_transfer_params"] = req.ec_transfer_params
-    if extra:
-        sp.extra_args = extra
-    return sp

@@ -6,7 +6,6 @@ import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -20,14 +19,21 @@ from decode_server.config import ServerConfig
 from decode_server.runtime.engine import Engine
 from decode_server.errors import ServerError
 from decode_server.runtime.metrics import Metrics
+from decode_server.runtime.peers import Peers
 from decode_server.generate.service import GenerateService
 
 
-def _routes(config: ServerConfig) -> list[Route]:
-    table = [
+def _routes(config: ServerConfig) -> tuple[list[Route], list[Route]]:
+    """(the routes the API key guards, the open ones: probes, metrics, models, as vLLM leaves them)."""
+    guarded = [
         Route("/inference/v1/generate", routes.generate, methods=["POST"]),
         Route("/inference/v1/abort_requests", routes.abort_requests, methods=["POST"]),
         Route("/abort_requests", routes.abort_requests, methods=["POST"]),
+    ]
+    if config.runtime_lora_updating:
+        guarded.append(Route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"]))
+        guarded.append(Route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"]))
+    open_ = [
         Route("/health", routes.health, methods=["GET"]),
         Route("/ready", routes.ready, methods=["GET"]),
         Route("/load", routes.load, methods=["GET"]),
@@ -36,11 +42,8 @@ def _routes(config: ServerConfig) -> list[Route]:
         Route("/metrics", routes.metrics, methods=["GET"]),
     ]
     if config.openapi:
-        table.append(Route("/openapi.json", routes.openapi, methods=["GET"]))
-    if config.runtime_lora_updating:
-        table.append(Route("/v1/load_lora_adapter", routes.load_lora_adapter, methods=["POST"]))
-        table.append(Route("/v1/unload_lora_adapter", routes.unload_lora_adapter, methods=["POST"]))
-    return table
+        open_.append(Route("/openapi.json", routes.openapi, methods=["GET"]))
+    return guarded, open_
 
 
 def _operator_middleware(path: str) -> Middleware:
@@ -54,12 +57,12 @@ def _operator_middleware(path: str) -> Middleware:
     raise ValueError(f"Invalid middleware {path}. Must be a function or a class.")
 
 
-def _middleware(config: ServerConfig) -> list[Middleware]:
+def _middleware(config: ServerConfig, guarded: list[Route]) -> list[Middleware]:
     """Outermost first: the operator's, then auth, then CORS (as vLLM stacks them)."""
     cors = config.cors
     stack = [_operator_middleware(path) for path in reversed(config.middleware)]
     if config.api_keys:
-        stack.append(Middleware(ApiKeyMiddleware, keys=config.api_keys))
+        stack.append(Middleware(ApiKeyMiddleware, keys=config.api_keys, paths=[route.path for route in guarded]))
     stack.append(
         Middleware(
             CORSMiddleware,
@@ -72,16 +75,18 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
     return stack
 
 
-def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecycle: Any, peers: Any = None) -> Starlette:
-    """`lifecycle` is the process's `server.Lifecycle` (drain state, engine watchdog); `peers`, with
-    --api-server-count N > 1, this process's `peers.Peers` (aborts across the API processes)."""
+def build_app(
+    engine_factory: Callable[[], Engine], config: ServerConfig, lifecycle: routes.Lifecycle, peers: Peers | None = None
+) -> Starlette:
+    """`lifecycle` is the process's (drain state, engine watchdog); `peers`, with
+    --api-server-count N > 1, this process's end of the channel to the others (aborts, metrics)."""
     state = routes.AppState(config=config, lifecycle=lifecycle, metrics=Metrics(), peers=peers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         engine = engine_factory()
         engine.start_stats_logging()
-        state.service = GenerateService(engine, config)
+        state.service = GenerateService(engine, config, state.metrics)
         try:
             await state.service.models.start()  # --lora-modules into the engine; one that fails fails the start
         except BaseException:
@@ -99,10 +104,11 @@ def build_app(engine_factory: Callable[[], Engine], config: ServerConfig, lifecy
                 peers.close()
             engine.shutdown()
 
+    guarded, open_ = _routes(config)
     app = Starlette(
-        routes=_routes(config),
+        routes=guarded + open_,
         lifespan=lifespan,
-        middleware=_middleware(config),
+        middleware=_middleware(config, guarded),
         exception_handlers={ServerError: routes.render_error},
     )
     app.state.decode_server = state

@@ -1,24 +1,26 @@
-"""API-key middleware: `Authorization: Bearer <key>` on the generate and abort routes."""
+"""API-key middleware: `Authorization: Bearer <key>` on the routes the app's route table guards."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 
 import msgspec
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from protocol.errors import error_body
 
-GUARDED_PREFIXES = ("/inference/", "/abort_requests", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 _UNAUTHORIZED = msgspec.json.encode(error_body(401, "missing or wrong API key (send 'Authorization: Bearer <key>')"))
 
 
 class ApiKeyMiddleware:
-    """Constant-time compare against every configured key; health, readiness, metrics and models stay open."""
+    """Constant-time compare against every configured key, on the guarded paths only (the app's
+    generate, abort and adapter routes; health, readiness, metrics and models stay open)."""
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]):
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], paths: Iterable[str]):
         self.app = app
         self._expected = [f"Bearer {key}".encode() for key in keys]
+        self._paths = frozenset(paths)
 
     def _authorized(self, scope: Scope) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -29,7 +31,7 @@ class ApiKeyMiddleware:
         # As vLLM's AuthenticationMiddleware: CORS preflights pass; paths are matched below root_path.
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return False
-        return scope["path"].removeprefix(scope.get("root_path", "")).startswith(GUARDED_PREFIXES)
+        return scope["path"].removeprefix(scope.get("root_path", "")) in self._paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._guarded(scope) and not self._authorized(scope):

@@ -1,47 +1,50 @@
-"""The HTTP handlers, one module-level function per route; the work is in service.py and the pipeline.
+"""The HTTP handlers, one module-level function per route; the work is in the service and the pipeline.
 
 Every failure is raised as (or turned into) an `errors.ServerError`, which the app's one
-exception handler renders; `RequestRecord` does a generate request's bookkeeping once.
+exception handler renders; a generate request's `RequestRecord` does its bookkeeping once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from starlette.requests import Request
-from vllm.utils import random_uuid
 from starlette.responses import Response
-from vllm.entrypoints.generate.base.serving import GenerateBaseServing
-from vllm.tracing.utils import contains_trace_headers, extract_trace_headers
 
 from decode_server import __version__
 from decode_server.config import ServerConfig
-from decode_server.errors import ClientDisconnected, Rejected, ServerError, describe, draining, engine_dead
-from decode_server.generate.fingerprint import HEADER as FINGERPRINT_HEADER
-from decode_server.runtime.metrics import Metrics
-from decode_server.http.openapi import openapi_document
-from decode_server.runtime.request_record import RequestRecord
+from decode_server.errors import DRAINING, ENGINE_DEAD, ClientDisconnected, Rejected, ServerError, draining, engine_dead
 from decode_server.generate.service import GenerateService
+from decode_server.http.openapi import openapi_document
 from decode_server.http.sse import sse_response
-from decode_server.generate.rules import (
-    forbid_deep_json,
-    forbid_invalid_cache_salt,
-    forbid_invalid_raw_cache_salt,
-    forbid_unreadable_request_id,
-)
+from decode_server.runtime.engine import Engine
+from decode_server.runtime.metrics import Metrics
+from decode_server.runtime.peers import Peers
+from decode_server.runtime.request_record import RequestRecord
 from protocol.errors import error_body
-from protocol.decoding import MAX_IGNORED_FIELDS, decode_generate_request
-from protocol.generate import AbortRequest, GenerateRequest
+from protocol.generate import FINGERPRINT_HEADER, REQUEST_ID_HEADER, AbortRequest
 
-log = logging.getLogger("decode_server.http.routes")
 _encoder = msgspec.json.Encoder()
 _abort_decoder = msgspec.json.Decoder(AbortRequest)
+# The probes' own words (a generate request is told what to do about it).
+_PROBE_DEAD, _PROBE_DRAINING = "the engine is dead", "draining"
+
+
+class Lifecycle(Protocol):
+    """What the app reads and drives of the process's lifecycle (`process/server.py`)."""
+
+    @property
+    def draining(self) -> bool: ...
+
+    def attach(self, engine: Engine, metrics: Metrics) -> None: ...
+
+    def detach(self) -> None: ...
 
 
 @dataclass
@@ -49,11 +52,11 @@ class AppState:
     """What the handlers share: set up by the app, the service filled in by the lifespan."""
 
     config: ServerConfig
-    lifecycle: Any  # server.Lifecycle: draining, engine_died
+    lifecycle: Lifecycle
     metrics: Metrics
     service: GenerateService | None = None
     started_at: int = 0
-    peers: Any = None  # peers.Peers with --api-server-count N > 1: the other API processes
+    peers: Peers | None = None  # with --api-server-count N > 1: the other API processes
 
     async def abort(self, ids: list[str]) -> int:
         """Abort by caller id; with peers, also what another API process holds. Returns the count."""
@@ -61,11 +64,13 @@ class AppState:
             return len(await self.service.engine.abort(ids))
         return await self.peers.abort(ids)
 
-    def admit(self) -> None:
+    def refuse_if_dead(self, message: str = ENGINE_DEAD) -> None:
         if self.service.engine.is_dead:
-            raise engine_dead()
+            raise engine_dead(message)
+
+    def refuse_if_draining(self, message: str = DRAINING) -> None:
         if self.lifecycle.draining:
-            raise draining()
+            raise draining(message)
 
 
 def _state(request: Request) -> AppState:
@@ -82,9 +87,6 @@ async def render_error(request: Request, e: Exception) -> Response:
     return json_response(error_body(e.status, e.message, e.param, e.error_type), e.status, e.headers)
 
 
-# ------------------------------------------------------------------ reading requests
-
-
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -95,40 +97,6 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise Rejected(f"request body exceeds {limit} bytes", status=413, reason="too_large")
     return bytes(body)
-
-
-def decode_generate(body: bytes, header_request_id: str | None, metrics: Metrics) -> GenerateRequest:
-    """Decode as vLLM's pydantic model would (lax types, unknown fields ignored), name the request."""
-    forbid_deep_json(body)
-    try:
-        req, ignored = decode_generate_request(body)
-    except msgspec.ValidationError as e:
-        forbid_invalid_raw_cache_salt(body)  # vLLM checks it before the schema
-        # "Bad Request" is the type vLLM's schema errors carry (FastAPI's validation handler).
-        raise Rejected(f"invalid request: {e}", reason="invalid_field", error_type="Bad Request") from e
-    except msgspec.DecodeError as e:
-        raise Rejected(f"request body is not valid JSON: {e}", reason="invalid_json", error_type="Bad Request") from e
-    for path in ignored:
-        _note_ignored_field(path, metrics)
-    # As vLLM: the X-Request-Id header names the request, else the body's request_id, else a new id.
-    if header_request_id is not None:
-        req.request_id = header_request_id
-    elif req.request_id is msgspec.UNSET:
-        req.request_id = random_uuid()
-    forbid_unreadable_request_id(req.request_id)
-    forbid_invalid_cache_salt(req.cache_salt)  # before the model check, as vLLM's before-validator
-    return req
-
-
-_ignored_seen: set[str] = set()
-
-
-def _note_ignored_field(path: str, metrics: Metrics) -> None:
-    """Visible, not fatal: a counter per field, and one log line the first time a field is seen."""
-    metrics.unknown_fields.labels(path).inc()
-    if path not in _ignored_seen and len(_ignored_seen) < MAX_IGNORED_FIELDS:
-        _ignored_seen.add(path)
-        log.warning("ignoring the unknown request field %r (the sender is newer than this server?)", path)
 
 
 async def until_disconnect(request: Request, work: Any) -> Any:
@@ -155,68 +123,46 @@ async def until_disconnect(request: Request, work: Any) -> Any:
     raise ClientDisconnected
 
 
-async def _first_chunk(chunks: Any) -> Any:
-    try:
-        return await anext(chunks)
-    except StopAsyncIteration:
-        return None
-
-
 # ------------------------------------------------------------------ generate
 
 
-def _failed(record: RequestRecord, e: Exception) -> ServerError:
-    error = describe(e)
-    record.finish(error.status, error.reason)
-    return error
+@dataclass(frozen=True, slots=True)
+class _Head:
+    body: Any  # the batch body, or a stream's first chunk
+    headers: dict[str, str]
+    stream: bool
 
 
 async def generate(request: Request) -> Response:
     st = _state(request)
+    answer = _answer(request, st)
+    head = await anext(answer)
+    if head.stream:
+        return sse_response(head.body, answer, head.headers, st.config.sse_keep_alive_s, st.config.stream_send_timeout_s)
+    await anext(answer, None)  # the batch request's record ends, with its 200
+    return json_response(head.body, headers=head.headers)
+
+
+async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
+    """One generate request, recorded once however it ends: its head, then a stream's other chunks.
+    The head is awaited before answering, so a request the engine refuses still gets a 4xx, not a
+    200 with an error event."""
     config = st.config
-    record = RequestRecord(st.metrics, config.access_log and request.url.path not in config.access_log_skip_paths)
-    try:
-        st.admit()
-        body = await read_body(request, st.config.max_request_bytes)
-        req = st.service.answered_as(decode_generate(body, request.headers.get("x-request-id"), st.metrics))
-    except Exception as e:
-        raise _failed(record, e) from e
-    record.request_id, record.output_mode = req.request_id, req.output_mode
-    try:
-        return await _answer(request, st, record, req)
-    except Exception as e:
-        error = _failed(record, e)
-        if error.status < 500:
-            await st.service.release_remote_prefill(req)
-        raise error from e
-
-
-def _engine_headers(request: Request) -> dict[str, Any]:
-    """What vLLM's generate reads from the headers for the engine: W3C trace context
-    (`traceparent`, `tracestate`), `X-data-parallel-rank` and `X-Session-ID`, with vLLM's own readers."""
-    headers = request.headers
-    return {
-        "trace_headers": extract_trace_headers(headers) if contains_trace_headers(headers) else None,
-        "data_parallel_rank": GenerateBaseServing._get_data_parallel_rank(request),
-        "session_id": GenerateBaseServing._get_session_id_from_headers(request),
-    }
-
-
-async def _answer(request: Request, st: AppState, record: RequestRecord, req: GenerateRequest) -> Response:
-    service = st.service
-    service.check_fingerprint(request.headers.get(FINGERPRINT_HEADER), req)
-    generation = await service.prepare(req, **_engine_headers(request))
-    record.admitted(req.request_id, req.output_mode, generation)
-    headers = {"x-request-id": req.request_id, FINGERPRINT_HEADER: service.fingerprint}
-    if generation.stream:
-        chunks = generation.chunks()
-        # The first chunk is awaited before answering so a request the engine
-        # refuses still gets a 4xx, not a 200 with an error event.
-        first = await until_disconnect(request, _first_chunk(chunks))
-        return sse_response(first, record.track(chunks), headers, st.config.sse_keep_alive_s)
-    body = await until_disconnect(request, generation.response())
-    record.finish(200)
-    return json_response(body, headers=headers)
+    with RequestRecord(st.metrics, config.access_log and request.url.path not in config.access_log_skip_paths) as record:
+        st.refuse_if_dead()
+        st.refuse_if_draining()
+        body = await read_body(request, config.max_request_bytes)
+        async with st.service.generation(body, request.headers, record) as generation:
+            record.in_flight(generation.stats)
+            head = await until_disconnect(request, generation.head())
+        headers = {REQUEST_ID_HEADER: generation.request_id, FINGERPRINT_HEADER: st.service.fingerprint}
+        yield _Head(head, headers, generation.stream)
+        if not generation.stream:
+            return
+        record.chunk_sent()
+        async for chunk in generation.rest():
+            record.chunk_sent()
+            yield chunk
 
 
 # ------------------------------------------------------------------ the other routes
@@ -238,17 +184,14 @@ async def abort_requests(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    if _state(request).service.engine.is_dead:
-        raise Rejected("the engine is dead", status=503, reason="engine_dead")
+    _state(request).refuse_if_dead(_PROBE_DEAD)
     return Response(status_code=200)
 
 
 async def ready(request: Request) -> Response:
     st = _state(request)
-    if st.lifecycle.draining:
-        raise Rejected("draining", status=503, reason="draining")
-    if st.service.engine.is_dead:
-        raise Rejected("the engine is dead", status=503, reason="engine_dead")
+    st.refuse_if_draining(_PROBE_DRAINING)
+    st.refuse_if_dead(_PROBE_DEAD)
     return Response(status_code=200)
 
 

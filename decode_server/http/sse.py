@@ -17,7 +17,6 @@ import anyio
 import msgspec
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
-from decode_server.config import STREAM_SEND_TIMEOUT_S
 from decode_server.errors import describe
 from protocol.errors import error_body
 
@@ -48,25 +47,33 @@ async def _framed(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
 
 
 def sse_response(
-    first: Any, rest: AsyncIterator[Any], headers: dict[str, str] | None = None, keep_alive_s: float = 0
+    first: Any,
+    rest: AsyncIterator[Any],
+    headers: dict[str, str] | None = None,
+    keep_alive_s: float = 0,
+    stall_limit_s: float = 0,
 ) -> EventSourceResponse:
     # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF); ping=0 sends no
     # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
     # whose comment is `: keep-alive`).
     return _Stream(
-        _framed(first, rest), sep="\n", headers=headers, ping=keep_alive_s, ping_message_factory=_keep_alive
+        _framed(first, rest),
+        stall_limit_s,
+        sep="\n",
+        headers=headers,
+        ping=keep_alive_s,
+        ping_message_factory=_keep_alive,
     )
 
 
 class _Stream(EventSourceResponse):
-    """A client that reads nothing for STREAM_SEND_TIMEOUT_S (every buffer full, one send pending
-    all along) is cut: the chunks are closed (the engine request is aborted, the access line says
-    499), uvicorn drops the socket."""
+    """A client that reads nothing for `stall_limit_s` (DECODE_SERVER_STREAM_SEND_TIMEOUT_S; every
+    buffer full, one send pending all along) is cut: the chunks are closed (the engine request is
+    aborted, the access line says 499), uvicorn drops the socket. 0: never cut."""
 
-    stall_limit_s = STREAM_SEND_TIMEOUT_S
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(self, content: AsyncIterator[bytes], stall_limit_s: float, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.stall_limit_s = stall_limit_s
         self._sending = False
         self._sent = 0
 

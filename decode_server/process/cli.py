@@ -163,8 +163,9 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
         return serve_scaled_out(args, server_config(args), args.log_format)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
-    app = build_app(lambda: Engine.start(engine_args, tokens_only=args.tokens_only), server_config(args), lifecycle)
-    return run(uvicorn_config(app, args), lifecycle)
+    config = server_config(args)
+    app = build_app(lambda: Engine.start(engine_args, tokens_only=args.tokens_only), config, lifecycle)
+    return run(uvicorn_config(app, args, config), lifecycle)
 
 
 def main(argv: list[str] | None = None) -> None:

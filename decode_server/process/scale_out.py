@@ -231,6 +231,6 @@ def run_worker(plan: WorkerPlan, listen_address: str, sock: Any, args: argparse.
         Peers(index, list(plan.peer_addresses)),
     )
     server_class = partial(BalancedServer, peer_loads=(loads, index)) if loads is not None else None
-    code = run(uvicorn_config(ServerIndexHeader(app, index), args), lifecycle, sockets=[sock], server_class=server_class)
+    code = run(uvicorn_config(ServerIndexHeader(app, index), args, plan.config), lifecycle, sockets=[sock], server_class=server_class)
     multiprocess.mark_process_dead(os.getpid())
     sys.exit(code)

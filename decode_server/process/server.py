@@ -15,8 +15,14 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from decode_server.config import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ENGINE_WATCH_INTERVAL_S
-from decode_server.config import REQUEST_HEAD_TIMEOUT_S
+from decode_server.config import (
+    DEFAULT_HOST,
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    DRAIN_FLUSH_S,
+    ENGINE_DEATH_GRACE_S,
+    ENGINE_WATCH_INTERVAL_S,
+    ServerConfig,
+)
 
 log = logging.getLogger("decode_server.process.server")
 
@@ -105,11 +111,17 @@ class DrainingServer(uvicorn.Server):
 
 class _HeadTimeoutProtocol(AutoHTTPProtocol):
     """uvicorn's HTTP protocol (httptools, else h11) plus a bound uvicorn lacks: a request head must
-    be complete REQUEST_HEAD_TIMEOUT_S after the connection opens, or after the first byte of a
+    be complete `head_timeout_s` after the connection opens, or after the first byte of a
     kept-alive connection's next request, else the connection is closed. (uvicorn times out only
     idle kept-alive connections; a client sending its headers byte by byte would be held forever.)"""
 
+    head_timeout_s = 0.0  # set by `bounded`; 0: no bound
     _head_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def bounded(cls, head_timeout_s: float) -> type[_HeadTimeoutProtocol]:
+        """The protocol class uvicorn instantiates per connection, with this bound."""
+        return type(cls.__name__, (cls,), {"head_timeout_s": head_timeout_s})
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -133,18 +145,18 @@ class _HeadTimeoutProtocol(AutoHTTPProtocol):
         return self.cycle is None or self.cycle.response_complete
 
     def _arm_head_timer(self) -> None:
-        if REQUEST_HEAD_TIMEOUT_S > 0:
-            self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+        if self.head_timeout_s > 0:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._between_requests() and not self.transport.is_closing():
-            log.debug("closing a connection whose request head took over %.0f s", REQUEST_HEAD_TIMEOUT_S)
+            log.debug("closing a connection whose request head took over %.0f s", self.head_timeout_s)
             self.transport.close()
 
 
-def uvicorn_config(app: Any, args: Any) -> uvicorn.Config:
-    """uvicorn as `vllm serve` configures it, from the same flags."""
+def uvicorn_config(app: Any, args: Any, server_config: ServerConfig) -> uvicorn.Config:
+    """uvicorn as `vllm serve` configures it, from the same flags; plus our request-head bound."""
     from vllm import envs
 
     config = uvicorn.Config(
@@ -154,7 +166,7 @@ def uvicorn_config(app: Any, args: Any) -> uvicorn.Config:
         uds=args.uds,
         root_path=args.root_path or "",
         loop="uvloop",
-        http=_HeadTimeoutProtocol,
+        http=_HeadTimeoutProtocol.bounded(server_config.request_head_timeout_s),
         log_level=args.uvicorn_log_level,
         log_config=None,  # keep our handler/format for uvicorn's loggers too
         access_log=False,  # our access line (decode_server.access) carries request ids and tokens

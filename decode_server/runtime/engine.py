@@ -8,13 +8,14 @@ inside, and so tests can assert that no per-request state outlives a request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import select
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -26,6 +27,8 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from decode_server.config import EARLY_ABORT_MAX_IDS, EARLY_ABORT_TTL_S, STATS_LOG_INTERVAL_S
+from decode_server.errors import describe
+from decode_server.runtime.kv_transfer import is_remote_prefill
 
 log = logging.getLogger("decode_server.runtime.engine")
 
@@ -82,6 +85,38 @@ class EngineLimits:
     max_num_seqs: int
     max_logprobs: int
     has_tokenizer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """`AsyncLLM.generate`'s per-request keyword arguments, passed through by name: a new one is a
+    field here and the line in the service that fills it."""
+
+    priority: int = 0
+    reasoning_ended: bool | None = None
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+    lora_request: LoRARequest | None = None
+    trace_headers: Mapping[str, str] | None = None  # W3C trace context, as vLLM reads it
+    data_parallel_rank: int | None = None  # X-data-parallel-rank
+    session_id: str | None = None  # X-Session-ID
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _OPTION_NAMES}
+
+
+_OPTION_NAMES = tuple(f.name for f in fields(EngineOptions))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One generate request as the engine takes it, built once by the service."""
+
+    caller_id: str  # the id the caller knows (abort finds the request by it)
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    cache_salt: str | None = None
+    aliases: tuple[str, ...] = ()  # further names abort finds it by (the id the response shows)
+    options: EngineOptions = field(default_factory=EngineOptions)
 
 
 class Engine:
@@ -177,46 +212,23 @@ class Engine:
         """The engine ids live under `name` (a caller id or an alias)."""
         return set(self._live.get(name, ()))
 
-    async def generate(
-        self,
-        caller_id: str,
-        token_ids: list[int],
-        sampling_params: SamplingParams,
-        *,
-        aliases: tuple[str, ...] = (),
-        cache_salt: str | None = None,
-        priority: int = 0,
-        reasoning_ended: bool | None = None,
-        reasoning_parser_kwargs: dict[str, Any] | None = None,
-        lora_request: LoRARequest | None = None,
-        trace_headers: Mapping[str, str] | None = None,
-        data_parallel_rank: int | None = None,
-        session_id: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Run one request; the registry entry lives exactly as long as this generator."""
+        caller_id = request.caller_id
         # A per-process sequence keeps engine ids unique when callers reuse an id.
         engine_id = f"decode-{next(self._seq)}-{caller_id}"
         # Rendered input, as vLLM's generate hands it over: AsyncLLM processes it inline instead of
         # queueing a raw prompt on its renderer executor (one worker: a serialisation point).
-        prompt = tokens_input(token_ids, cache_salt=cache_salt)
+        prompt = tokens_input(request.token_ids, cache_salt=request.cache_salt)
         # Abort finds the request by the id the caller sent or by any alias the response showed.
-        names = (caller_id, *aliases)
+        names = (caller_id, *request.aliases)
         for name in names:
             self._live.setdefault(name, set()).add(engine_id)
         if any([self._early_aborts.pop(name) for name in names]):  # its abort came first
             self._abort_when_admitted(caller_id, engine_id)
         try:
             async for output in self.llm.generate(
-                prompt,
-                sampling_params,
-                engine_id,
-                priority=priority,
-                reasoning_ended=reasoning_ended,
-                reasoning_parser_kwargs=reasoning_parser_kwargs,
-                lora_request=lora_request,
-                trace_headers=trace_headers,
-                data_parallel_rank=data_parallel_rank,
-                session_id=session_id,
+                prompt, request.sampling_params, engine_id, **request.options.as_kwargs()
             ):
                 yield output
         finally:
@@ -273,15 +285,22 @@ class Engine:
     async def abort_all(self) -> list[str]:
         return await self.abort(list(self._live))
 
-    async def release_remote_prefill(self, caller_id: str, kv_transfer_params: dict[str, Any] | None) -> None:
-        """A decode leg refused before the engine admitted it: have the KV connector tell the
-        prefill instance to free the blocks it holds for this request now, not when its lease
-        runs out (as vLLM's own OpenAI routes do). `kv_transfer_params`: the request's, wherever it
-        carried them (top level or `sampling_params.extra_args`; see `validate.kv_transfer_params_of`)."""
-        if not isinstance(kv_transfer_params, dict) or not kv_transfer_params.get("do_remote_prefill"):
+    @contextlib.asynccontextmanager
+    async def released_if_refused(self, caller_id: str, kv_transfer_params: Any) -> AsyncIterator[None]:
+        """Around what runs before a decode leg's answer starts: refused there (a 4xx, or its
+        client gone), the KV connector tells the prefill instance to free the blocks it holds for
+        this request now, not when its lease runs out (as vLLM's own OpenAI routes do)."""
+        if not is_remote_prefill(kv_transfer_params) or self.llm.vllm_config.kv_transfer_config is None:
+            yield
             return
-        if self.llm.vllm_config.kv_transfer_config is None or self.is_dead:
-            return
+        try:
+            yield
+        except Exception as e:
+            if describe(e).status < 500 and not self.is_dead:
+                await self._release_remote_prefill(caller_id, kv_transfer_params)
+            raise
+
+    async def _release_remote_prefill(self, caller_id: str, kv_transfer_params: dict[str, Any]) -> None:
         try:
             await self.llm.notify_kv_transfer_request_rejected(caller_id, kv_transfer_params)
         except Exception:

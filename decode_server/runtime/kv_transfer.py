@@ -1,13 +1,15 @@
-"""A remote-prefill request's bound: its KV arrives (first token) within a deadline, or it ends clearly.
+"""KV-transfer params (P/D disaggregation): where a request carries them, which leg it is, and a
+decode leg's bound: its KV arrives (first token) within a deadline, or it ends clearly.
 
-A decode leg (`kv_transfer_params.do_remote_prefill`) waits for vLLM's KV connector to pull the
-prompt's blocks from the prefill instance. vLLM 0.32's NixlConnector bounds the side-channel
+A P/D router sends each request twice: a prefill leg (`do_remote_decode`, one token, its answer
+thrown away) and a decode leg (`do_remote_prefill`), which waits for vLLM's KV connector to pull
+the prompt's blocks from the prefill instance. vLLM 0.32's NixlConnector bounds the side-channel
 handshake (a 5 s ZMQ receive timeout) but not a transfer: a prefill process that is alive but
 stalled (stopped, swapping, a wedged NIC) leaves the request in WAITING_FOR_REMOTE_KVS forever.
 
-`first_token_within` wraps the engine's outputs: if the request has no first token
-`REMOTE_PREFILL_TIMEOUT_S` after it started (queueing for a slot, the transfer, and under
-`kv_load_failure_policy: recompute` the local recompute all count), the engine request is
+`first_token_within` wraps the engine's outputs: if the request has no first token `timeout_s`
+(DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S) after it started (queueing for a slot, the transfer, and
+under `kv_load_failure_policy: recompute` the local recompute all count), the engine request is
 aborted (the connector then tells the prefill instance to free its blocks, or its lease does)
 and the client gets a 504 before any body, batch or stream. A KV load vLLM reports as failed
 (`kv_load_failure_policy: fail`, vLLM's default: finish reason "error" before any token) is a
@@ -21,14 +23,48 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 from vllm.outputs import RequestOutput
 
-from decode_server.config import REMOTE_PREFILL_TIMEOUT_S
 from decode_server.errors import ServerError
+from protocol.generate import GenerateRequest
+
+
+def kv_transfer_params_of(req: GenerateRequest) -> dict[str, Any] | None:
+    """The KV-transfer params the engine gets: the top-level field (vLLM's generate, llm-d's routing
+    sidecar), else `sampling_params.extra_args.kv_transfer_params` (llm-d's coordinator). The top
+    level wins, as in the SamplingParams the engine gets and in vLLM's generate."""
+    if req.kv_transfer_params is not None:
+        return req.kv_transfer_params
+    extra = req.sampling_params.extra_args
+    params = extra.get("kv_transfer_params") if isinstance(extra, dict) else None
+    return params if isinstance(params, dict) else None
+
+
+def is_prefill_leg(req: GenerateRequest) -> bool:
+    """A P/D router's prefill leg: its KV stays for a remote decoder (`do_remote_decode: true`) and
+    it asks for one token, which every router throws away (llm-d's sidecar and coordinator, and
+    `protocol.clients.pd`, keep only the answer's `kv_transfer_params`): its answer never reaches a client."""
+    kv = kv_transfer_params_of(req)
+    return kv is not None and kv.get("do_remote_decode") is True and req.sampling_params.max_tokens == 1
+
+
+def as_tokens_prefill_leg(req: GenerateRequest) -> GenerateRequest:
+    """The prefill leg without what only its decode leg reads and a server without a tokenizer
+    cannot serve (llm-d's sidecar forwards all of it): the text levels and their chat context,
+    stop strings, structured outputs. Its one token is discarded, so none of them can matter."""
+    sampling = msgspec.structs.replace(req.sampling_params, stop=msgspec.UNSET, structured_outputs=msgspec.UNSET)
+    return msgspec.structs.replace(
+        req, output_mode="tokens", parse_context=None, chat_request=None, sampling_params=sampling
+    )
 
 
 def is_remote_prefill(kv_transfer_params: Any) -> bool:
+    """A decode leg: its prompt's KV is pulled from a prefill instance."""
     return isinstance(kv_transfer_params, dict) and bool(kv_transfer_params.get("do_remote_prefill"))
+
+
+# ------------------------------------------------------------------ a decode leg's first-token deadline
 
 
 def _source(kv: dict[str, Any]) -> str:
@@ -64,7 +100,7 @@ async def first_token_within(
     outputs: AsyncIterator[RequestOutput],
     kv: dict[str, Any],
     first_token_pending: Callable[[], bool],
-    timeout_s: float = REMOTE_PREFILL_TIMEOUT_S,
+    timeout_s: float,
 ) -> AsyncIterator[RequestOutput]:
     """`outputs`, unless the request has no first token `timeout_s` after it started (504; the
     engine request aborted) or vLLM failed its KV load (502). `first_token_pending()`: whether

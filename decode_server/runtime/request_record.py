@@ -1,15 +1,32 @@
-"""One generate request's bookkeeping, reported once however it ends: metrics and the access line."""
+"""One generate request's bookkeeping, reported once however it ends: metrics and the access line.
+
+`RequestRecord` is a context manager around the request, from its first byte to its last chunk:
+the request is recorded when the `with` ends, with the status it ended with, and an error leaves
+the block as the `ServerError` it was recorded as (the one the client is shown).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass, field
+from types import TracebackType
 
-from decode_server.runtime.access_log import log_request
 from decode_server.errors import describe
+from decode_server.runtime.access_log import log_request
 from decode_server.runtime.metrics import Metrics
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """What metrics, the access line and usage learn from a request as it runs (the stats stage
+    fills it, before the wire)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    choice_tokens: dict[int, int] = field(default_factory=dict)  # completion tokens per choice index
+    first_token_at: float | None = None  # time.monotonic()
+    finish_reasons: list[str] = field(default_factory=list)
+    cached_tokens: int | None = None  # prefix-cache hits, as the engine reports them
 
 
 class RequestRecord:
@@ -19,28 +36,56 @@ class RequestRecord:
         self.started = time.monotonic()
         self.request_id: str | None = None
         self.output_mode = "unknown"
-        self._generation: Any = None
-        self._finished = False
+        self._stats: RequestStats | None = None  # set once admitted: in flight until the end
+        self._itl_seen = 0
+        self._itl_last = 0.0
 
-    def admitted(self, request_id: str, output_mode: str, generation: Any) -> None:
-        """The request is valid and its engine generator exists: it is in flight until `finish`."""
-        self.request_id, self.output_mode, self._generation = request_id, output_mode, generation
-        self.metrics.in_flight.labels(output_mode).inc()
+    def named(self, request_id: str, output_mode: str) -> None:
+        """The request is decoded: what the access line and the metric labels call it."""
+        self.request_id, self.output_mode = request_id, output_mode
+
+    def in_flight(self, stats: RequestStats) -> None:
+        """The request is valid and its engine generator exists: it is in flight until the end."""
+        self._stats = stats
+        self.metrics.in_flight.labels(self.output_mode).inc()
         self.metrics.server_load += 1
 
-    def finish(self, status: int, reason: str | None = None) -> None:
-        if self._finished:
+    def chunk_sent(self) -> None:
+        """A stream chunk is on its way: one inter-token sample per chunk that carried tokens (the
+        first token's wait is TTFT, not a gap between tokens)."""
+        tokens = self._stats.completion_tokens
+        new = tokens - self._itl_seen
+        if new > 0:
+            now = time.monotonic()
+            if self._itl_seen:
+                self.metrics.itl.labels(self.output_mode).observe((now - self._itl_last) / new)
+            self._itl_seen, self._itl_last = tokens, now
+
+    def __enter__(self) -> RequestRecord:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        if e is None:
+            self._finish(200, None)
             return
-        self._finished = True
+        if not isinstance(e, Exception):  # cancelled, or the stream closed: its client went away
+            self._finish(499, None)
+            return
+        error = describe(e)
+        self._finish(error.status, error.reason)
+        if error is not e:
+            raise error from e
+
+    def _finish(self, status: int, reason: str | None) -> None:
         m = self.metrics
         m.requests.labels(self.output_mode, str(status)).inc()
         if reason is not None:
             m.rejections.labels(reason).inc()
         if status == 499:
             m.aborted("client_disconnect")
-        stats = self._generation.stats if self._generation is not None else None
+        stats = self._stats
         ttft_s = None if stats is None or stats.first_token_at is None else stats.first_token_at - self.started
-        if self._generation is not None:
+        if stats is not None:
             m.in_flight.labels(self.output_mode).dec()
             m.server_load -= 1
             if ttft_s is not None:
@@ -58,29 +103,3 @@ class RequestRecord:
             ttft_s=ttft_s,
             duration_s=time.monotonic() - self.started,
         )
-
-    async def track(self, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """Pass a stream's chunks through, one inter-token sample per chunk; finish however it ends."""
-        stats = self._generation.stats
-        itl = self.metrics.itl.labels(self.output_mode)
-        last = time.monotonic()
-        seen = stats.completion_tokens
-        status, reason = 200, None
-        try:
-            async for chunk in chunks:
-                new = stats.completion_tokens - seen
-                if new > 0:
-                    now = time.monotonic()
-                    if seen:
-                        itl.observe((now - last) / new)
-                    seen, last = stats.completion_tokens, now
-                yield chunk
-        except (asyncio.CancelledError, GeneratorExit):
-            status = 499
-            raise
-        except Exception as e:
-            error = describe(e)
-            status, reason = error.status, error.reason
-            raise
-        finally:
-            self.finish(status, reason)

@@ -170,13 +170,13 @@ def build_app(
         finally:
             await proxy.close()
 
+    guarded = [Route("/inference/v1/generate", proxy.generate, methods=["POST"])]
     # The caller's key is checked as the server checks it (the same middleware).
-    middleware = [Middleware(ApiKeyMiddleware, keys=(api_key,))] if api_key is not None else []
+    middleware = (
+        [Middleware(ApiKeyMiddleware, keys=(api_key,), paths=[route.path for route in guarded])] if api_key is not None else []
+    )
     return Starlette(
-        routes=[
-            Route("/inference/v1/generate", proxy.generate, methods=["POST"]),
-            Route("/health", proxy.health, methods=["GET"]),
-        ],
+        routes=[*guarded, Route("/health", proxy.health, methods=["GET"])],
         lifespan=lifespan,
         middleware=middleware,
     )

@@ -56,6 +56,13 @@ class _StreamState:
     tools_streamed: bool = False
 
 
+def derender(
+    steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams, stream: bool
+) -> AsyncIterator[Step]:
+    """The derender stage for a stream (deltas) or a batch (one message per choice)."""
+    return derender_stream(steps, plan, prompt_token_ids, sp) if stream else derender_batch(steps, plan)
+
+
 async def derender_stream(
     steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams
 ) -> AsyncIterator[Step]:

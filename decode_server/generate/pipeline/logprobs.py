@@ -1,10 +1,10 @@
 """Stage 2: the engine's per-position logprob maps in the wire shape of the level.
 
-Integer ids (tokens level, vLLM's GenerateLogProbs) or decoded strings with
-UTF-8 bytes (text and derender levels, OpenAI chat shape). Token strings come
-from vLLM's own resolution (`_logprob_token`: the engine's decoded_token, else
-the tokenizer), so they match vLLM's text mode byte for byte. The stage is only
-stacked when the request asked for logprobs.
+Three forms, one per output mode's record: integer ids (tokens level, vLLM's GenerateLogProbs),
+decoded strings with UTF-8 bytes (text level, OpenAI chat shape, vLLM generate's top-k cut), and
+the same under coupled chat's top-k cut (derender level). Token strings come from vLLM's own
+resolution (`_logprob_token`: the engine's decoded_token, else the tokenizer), so they match
+vLLM's text mode byte for byte. A form stacks its stage only when the request asked for logprobs.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob, _logprob_token
+from vllm.sampling_params import SamplingParams
 
 from decode_server.generate.pipeline.steps import Step
 from protocol.chat import ChatLogProb, ChatLogProbs, ChatLogProbsContent
@@ -94,3 +95,23 @@ async def with_text_logprobs(
         for choice in step.choices:
             choice.logprobs = text_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top, tokenizer, cut)
         yield step
+
+
+# ------------------------------------------------------------------ the forms (steps, sp, tokenizer) → steps
+
+LogprobForm = Callable[[AsyncIterator[Step], SamplingParams, Any], AsyncIterator[Step]]
+
+
+def integer_form(steps: AsyncIterator[Step], sp: SamplingParams, tokenizer: Any) -> AsyncIterator[Step]:
+    return steps if sp.logprobs is None else with_integer_logprobs(steps, sp.logprobs)
+
+
+def text_form(steps: AsyncIterator[Step], sp: SamplingParams, tokenizer: Any) -> AsyncIterator[Step]:
+    return steps if sp.logprobs is None else with_text_logprobs(steps, sp.logprobs, tokenizer)
+
+
+def chat_form(steps: AsyncIterator[Step], sp: SamplingParams, tokenizer: Any) -> AsyncIterator[Step]:
+    """As coupled chat answers: its top-k cut, also for `logprob_token_ids` alone."""
+    if sp.logprobs is None and not sp.logprob_token_ids:
+        return steps
+    return with_text_logprobs(steps, sp.logprobs, tokenizer, chat_top_count(sp.logprobs, bool(sp.logprob_token_ids)))
