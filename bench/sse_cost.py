@@ -104,6 +104,7 @@ def ours_app(frames: int, period_s: float, sse_send_timeout: bool = False) -> An
     from decode_server.http.sse import _framed, sse_response
 
     state: dict[str, Any] = {}
+    config = ServerConfig(("demo",))
 
     async def chunks() -> Any:
         ticker = _ticker(state, period_s)
@@ -115,9 +116,9 @@ def ours_app(frames: int, period_s: float, sse_send_timeout: bool = False) -> An
         await _ticker(state, period_s).next()
         if sse_send_timeout:
             return EventSourceResponse(_framed(CHUNK, chunks()), sep="\n", ping=0, send_timeout=60)
-        return sse_response(CHUNK, chunks())
+        return sse_response(CHUNK, chunks(), stall_limit_s=config.stream_send_timeout_s)
 
-    return Starlette(routes=[Route("/", endpoint, methods=["GET"])], middleware=_middleware(ServerConfig(("demo",))))
+    return Starlette(routes=[Route("/", endpoint, methods=["GET"])], middleware=_middleware(config, guarded=[]))
 
 
 def serve(variant: str, port: int, frames: int, period_s: float) -> None:

@@ -138,7 +138,8 @@ async def generate(request: Request) -> Response:
     answer = _answer(request, st)
     head = await anext(answer)
     if head.stream:
-        return sse_response(head.body, answer, head.headers, st.config.sse_keep_alive_s, st.config.stream_send_timeout_s)
+        config = st.config
+        return sse_response(head.body, answer, head.headers, config.sse_keep_alive_s, stall_limit_s=config.stream_send_timeout_s)
     await anext(answer, None)  # the batch request's record ends, with its 200
     return json_response(head.body, headers=head.headers)
 

@@ -51,7 +51,8 @@ def sse_response(
     rest: AsyncIterator[Any],
     headers: dict[str, str] | None = None,
     keep_alive_s: float = 0,
-    stall_limit_s: float = 0,
+    *,
+    stall_limit_s: float,
 ) -> EventSourceResponse:
     # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF); ping=0 sends no
     # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
