@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateTokensResponse, GenerateTokensStreamResponse
 
-from decode_server.generate.fingerprint import HEADER as FINGERPRINT
+from protocol.generate import FINGERPRINT_HEADER as FINGERPRINT
 from protocol.generate import MODE_TYPES, UsageChunk
 from tests.inprocess import PROMPT, body_for, error_of, serve
 from tests.servers import PARSER_FLAGS
