@@ -87,6 +87,15 @@ def test_no_import_cycle_inside_a_room():
         raise AssertionError(f"import cycle: {e.args[1]}") from None
 
 
+STAGES = {f"decode_server.generate.pipeline.{s}" for s in ("tokens", "logprobs", "derender", "stats", "wire")}
+
+
+def test_no_stage_reaches_sideways_into_another():
+    """A stage sees only the step types and its own helpers; the service stacks the stages."""
+    wrong = [f"{name} imports {t}" for name, targets in _internal_imports().items() if name in STAGES for t in targets if t in STAGES]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
 def test_protocol_imports_nothing_of_vllm_or_the_server():
     for path in (ROOT / "protocol").rglob("*.py"):
         bad = {i for i in _imports(path) if i.split(".")[0] in ("vllm", "decode_server", "torch")}
