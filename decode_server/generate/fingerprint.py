@@ -10,16 +10,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from typing import Any
 
 from decode_server.config import DerenderConfig
 
 
-def parser_fingerprint(tokenizer: Any, model: str, derender: DerenderConfig) -> str:
-    h = hashlib.sha256()
-    if tokenizer is not None:
+# Hashing a 150k-entry vocabulary costs most of a second: the hash state after it is kept per
+# tokenizer object and copied, so every service over the same tokenizer shares it and the value
+# stays what it always was.
+_after_vocab: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _hash_after_vocab(tokenizer: Any) -> Any:
+    state = _after_vocab.get(tokenizer)
+    if state is None:
         vocab = tokenizer.get_vocab()
-        h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
+        state = hashlib.sha256(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode())
+        _after_vocab[tokenizer] = state
+    return state.copy()
+
+
+def parser_fingerprint(tokenizer: Any, model: str, derender: DerenderConfig) -> str:
+    if tokenizer is None:
+        h = hashlib.sha256()
+    else:
+        h = _hash_after_vocab(tokenizer)
         h.update((derender.chat_template or getattr(tokenizer, "chat_template", None) or "").encode())
     parts = (
         model,
