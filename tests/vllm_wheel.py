@@ -70,7 +70,7 @@ def _unpacked(wheel: Path, cache: Path) -> Path:
 
 def _extra(cache: Path) -> Path:
     extra = cache / "extra"
-    if (extra / "orjson").is_dir() or subprocess.run([sys.executable, "-c", "import orjson"]).returncode == 0:
+    if (extra / "orjson").is_dir() or subprocess.run([sys.executable, "-c", "import orjson"], capture_output=True).returncode == 0:
         extra.mkdir(parents=True, exist_ok=True)
         return extra
     done = _pip("install", "--quiet", "--target", str(extra), "orjson")
