@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from sse_starlette.sse import AppStatus
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+from decode_server.compat import cli_args
 
 from decode_server.http.app import build_app
 from decode_server.process.cli import build_parser, server_config
@@ -47,7 +47,7 @@ def serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
     _parser = _parser or build_parser()  # vLLM's parser takes seconds to build; parsing is cheap
     args = _parser.parse_args(["serve", str(model_dir), *ENGINE_FLAGS, *flags])
     args.model = args.model_tag
-    validate_parsed_serve_args(args)
+    cli_args().validate_parsed_serve_args(args)
     if (args.api_server_count or 1) > 1:
         raise ValueError("--api-server-count > 1 runs several processes: a real-engine test")
     if args.tool_parser_plugin:
@@ -146,13 +146,12 @@ async def serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
 
 def vllm_serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
     """`vllm serve` (as tests/servers.py starts vLLM's own server), parsed and checked by vLLM."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     global _vllm_parser
-    _vllm_parser = _vllm_parser or make_arg_parser(FlexibleArgumentParser())
+    _vllm_parser = _vllm_parser or cli_args().make_arg_parser(FlexibleArgumentParser())
     args = _vllm_parser.parse_args(["--model", str(model_dir), "--enable-scale-out", *ENGINE_FLAGS, *flags])
-    validate_parsed_serve_args(args)
+    cli_args().validate_parsed_serve_args(args)
     return args
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from decode_server.process.cli import build_parser, server_config
-from decode_server.process.frontend_flags import IMPLEMENTED, NO_MEANING, frontend_dests, log_flags_without_meaning
+from decode_server.process.frontend_flags import ADDED_IN, IMPLEMENTED, NO_MEANING, frontend_dests, log_flags_without_meaning
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -77,6 +77,8 @@ def test_the_readme_table_is_the_flag_list():
     rows = _readme_rows()
     expected = {d.replace("_", "-"): f"implemented: {v}" for d, v in IMPLEMENTED.items() if d != "model_tag"}
     expected |= {d.replace("_", "-"): f"no meaning here: {v}" for d, v in NO_MEANING.items()}
+    # Every supported vLLM line's rows: the flags a later line added are listed, marked with it.
+    expected |= {d.replace("_", "-"): f"no meaning here: {v}" for flags in ADDED_IN.values() for d, v in flags.items()}
     assert rows == expected
 
 

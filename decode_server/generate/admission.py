@@ -18,6 +18,7 @@ from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils import random_uuid
 
+from decode_server.compat import PARSE_CONTEXT_ERROR
 from decode_server.errors import Rejected
 from decode_server.generate.modes import MODES, Mode
 from decode_server.generate.pipeline.derender_plan import Derenderer
@@ -94,6 +95,7 @@ class Admission:
         self, req: GenerateRequest, kv: dict[str, Any] | None, prefill_leg: bool, fingerprint: str | None
     ) -> Admitted:
         mode = MODES[req.output_mode]
+        await forbid_parse_context_the_vllm_refuses(req)
         # Without a tokenizer the fingerprint cannot match a decode pool's (it hashes no vocabulary):
         # a prefill leg, whose answer never reaches the client, leaves the check to its decode leg.
         if self.limits.has_tokenizer or not prefill_leg:
@@ -104,6 +106,17 @@ class Admission:
         )
         plan = self.derenderer.plan(req.parse_context, req.chat_request) if mode.reads_chat_context else None
         return Admitted(req, mode, sp, lora, plan, kv)
+
+
+async def forbid_parse_context_the_vllm_refuses(req: GenerateRequest) -> None:
+    """Where the pool's vLLM validates `parse_context` at every level (0.33), with its answer."""
+    if req.parse_context is None:
+        return
+    refused = await PARSE_CONTEXT_ERROR({"output_mode": req.output_mode, "parse_context": req.parse_context})
+    if refused is not None:
+        status, error = refused
+        raise Rejected(error["message"], status=status, param=error["param"], reason="invalid_parse_context",
+                       error_type=error["type"])
 
 
 def checked_sampling_params(

@@ -64,7 +64,7 @@ class GenerateService:
     def __init__(self, engine: Engine, config: ServerConfig, metrics: Metrics):
         self.engine = engine
         self.config = config
-        derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config)
+        derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config, engine.llm.renderer)
         _ = derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
         self.fingerprint = parser_fingerprint(engine.tokenizer, config.served_model_names[0], config.derender)
         self.models = Models(engine.llm, config.served_model_names, config.lora_modules, config.runtime_lora_updating)

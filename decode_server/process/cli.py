@@ -53,7 +53,7 @@ def _adjust_vllm_flags(serve: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from decode_server.compat import cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(prog="decode-server", description="Decode-tier server for vLLM's token-in generate protocol.")
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve /inference/v1/generate. Takes `vllm serve`'s flags. With no MODEL, serve the "
         "embedded demo model (random weights: its text is meaningless).",
     )
-    make_arg_parser(serve)
+    cli_args().make_arg_parser(serve)
     _own_flags(serve)
     _adjust_vllm_flags(serve)
 
@@ -138,7 +138,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+    from decode_server.compat import cli_args
 
     from decode_server.runtime.access_log import configure as configure_logging
     from decode_server.http.app import build_app
@@ -150,7 +150,7 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
         args.model = args.model_tag
     elif args.model == parser_defaults["model"]:
         _apply_demo_defaults(args, parser_defaults)
-    validate_parsed_serve_args(args)
+    cli_args().validate_parsed_serve_args(args)
     if args.tool_parser_plugin:
         from vllm.tool_parsers import ToolParserManager
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from decode_server.compat import VLLM_LINE
+
 log = logging.getLogger("decode_server.flags")
 
 IMPLEMENTED: dict[str, str] = {
@@ -86,6 +88,16 @@ NO_MEANING: dict[str, str] = {
     "enable_offline_docs": "no docs UI here; /openapi.json is the schema",
     "enable_flash_late_interaction": "pooling models are not served here",
 }
+
+
+# Frontend flags a vLLM line added, by line: the running line's table is NO_MEANING plus every
+# line's up to it (the README table lists them all, marked with the line).
+ADDED_IN: dict[str, dict[str, str]] = {
+    "0.33": {"reasoning_effort_map": "the render tier applies it (reasoning_effort → chat_template_kwargs)"},
+}
+for _line, _flags in ADDED_IN.items():
+    if tuple(map(int, _line.split("."))) <= tuple(map(int, VLLM_LINE.split("."))):
+        NO_MEANING.update(_flags)
 
 
 def frontend_dests(parser: Any, engine_dests: set[str]) -> list[str]:

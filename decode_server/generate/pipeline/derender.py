@@ -127,6 +127,9 @@ async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> Asyn
         for c in step.choices:
             if c.finish_reason is None:
                 continue
+            if plan.derenderer.vllm is not None:
+                await _vllm_assembles(plan, step, c)
+                continue
             if plan.request is None:
                 c.message = assistant_message(plan.role, c.text)
                 continue
@@ -135,6 +138,21 @@ async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> Asyn
             if plan.hides_reasoning:
                 c.withhold_metadata()
         yield step
+
+
+async def _vllm_assembles(plan: DerenderPlan, step: Step, c: ChoiceStep) -> None:
+    """The running vLLM serves batch derender (0.33): its message and finish_reason, and as it
+    does, no per-token metadata when the reasoning is hidden."""
+    output = next(o for o in step.output.outputs if o.index == c.index)
+    [(message, finish)] = await plan.derenderer.vllm.derender_text_choices(
+        [output], plan.request, plan.history_tool_call_cnt, step.output.prompt_token_ids
+    )
+    calls = [ToolCall(id=tc.id, function=FunctionCall(name=tc.function.name, arguments=tc.function.arguments), type=tc.type)
+             for tc in message.tool_calls]
+    c.message = assistant_message(message.role, message.content, message.reasoning, calls)
+    c.finish_reason = finish
+    if plan.hides_reasoning:
+        c.withhold_metadata()
 
 
 async def _plain_stream(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:

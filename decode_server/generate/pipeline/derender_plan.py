@@ -19,9 +19,12 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
     ChatCompletionToolsParam,
 )
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.exceptions import VLLMValidationError
 from vllm.parser import ParserManager
 from vllm.renderers.chat_utils import get_tool_call_id_type
 
+from decode_server.compat import VLLM_DERENDER_WITHOUT_CONTEXT, vllm_batch_derenderer
 from decode_server.config import DerenderConfig
 from decode_server.errors import Rejected
 from protocol.chat import ParseContext
@@ -30,15 +33,16 @@ _tools_adapter = TypeAdapter(list[ChatCompletionToolsParam])
 _tool_choice_adapter = TypeAdapter(ChatCompletionNamedToolChoiceParam)
 
 
-
-
 class Derenderer:
     """Server-wide: the parser class (resolved once) and what every request's parsers share."""
 
-    def __init__(self, config: DerenderConfig, tokenizer: Any, model_config: Any):
+    def __init__(self, config: DerenderConfig, tokenizer: Any, model_config: Any, renderer: Any = None):
         self.config = config
         self.tokenizer = tokenizer
         self.model_config = model_config
+        # Where the running vLLM serves batch derender itself (0.33), its derenderer: it reads
+        # parse_context and assembles batch messages; None: ours does (0.32).
+        self.vllm = vllm_batch_derenderer(model_config, renderer, config)
 
     @cached_property
     def parser_cls(self) -> Any:
@@ -60,6 +64,8 @@ class Derenderer:
     def plan(self, parse_context: dict[str, Any] | None, chat_request: dict[str, Any] | None) -> DerenderPlan:
         if self.parser_cls is None:
             return DerenderPlan(self, None, 0)
+        if parse_context is None and chat_request is None and self.vllm is not None:
+            raise Rejected(VLLM_DERENDER_WITHOUT_CONTEXT, param=None, reason="derender_without_context")
         if parse_context is None and chat_request is None:
             raise Rejected(
                 "output_mode='derender' on a server with a reasoning or tool parser needs parse_context "
@@ -74,11 +80,24 @@ class Derenderer:
             except ValidationError as e:
                 raise Rejected(f"invalid chat_request: {e}", param="chat_request", reason="invalid_chat_request") from e
             return DerenderPlan(self, request, 0)
+        if self.vllm is not None:
+            return DerenderPlan(self, _vllm_chat_request(parse_context or {}), _history_count(parse_context))
         return DerenderPlan(self, _chat_request_from_parse_context(parse_context or {}), _history_count(parse_context))
 
 
 def _history_count(parse_context: dict[str, Any] | None) -> int:
     return int((parse_context or {}).get("history_tool_call_cnt") or 0)
+
+
+def _vllm_chat_request(raw: dict[str, Any]) -> ChatCompletionRequest:
+    """vLLM's own reading of a parse_context (admission has let vLLM validate it)."""
+    from vllm.entrypoints.scale_out.token_in_token_out.protocol import ParseContext as VllmParseContext
+
+    try:
+        return VllmParseContext.model_validate(raw).to_chat_request()
+    except VLLMValidationError as e:
+        info = create_error_response(e).error
+        raise Rejected(info.message, param=info.param, reason="unknown_named_tool", error_type=info.type) from e
 
 
 def _chat_request_from_parse_context(raw: dict[str, Any]) -> ChatCompletionRequest:

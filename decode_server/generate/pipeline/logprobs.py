@@ -1,7 +1,7 @@
 """Stage 2: the engine's per-position logprob maps in the wire shape of the level.
 
 Three forms, one per output mode's record: integer ids (tokens level, vLLM's GenerateLogProbs),
-decoded strings with UTF-8 bytes (text level, OpenAI chat shape, vLLM generate's top-k cut), and
+decoded strings with UTF-8 bytes (text level, OpenAI chat shape, the running vLLM generate's top-k cut), and
 the same under coupled chat's top-k cut (derender level). Token strings come from vLLM's own
 resolution (`_logprob_token`: the engine's decoded_token, else the tokenizer), so they match
 vLLM's text mode byte for byte. A form stacks its stage only when the request asked for logprobs.
@@ -15,14 +15,15 @@ from typing import Any
 from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob, _logprob_token
 from vllm.sampling_params import SamplingParams
 
+from decode_server.compat import TOP_LOGPROBS_CUT
 from decode_server.generate.pipeline.steps import Step
 from protocol.chat import ChatLogProb, ChatLogProbs, ChatLogProbsContent
 from protocol.generate import GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent
 
 
 def _top_count(num_top: int, available: int) -> int:
-    # vLLM's generate keeps max(n, 1) entries (the sampled token first), or all for -1.
-    return available if num_top == -1 else min(available, max(num_top, 1))
+    # As the running vLLM's generate cuts (0.32: max(k, 1), the sampled token first; 0.33: none).
+    return TOP_LOGPROBS_CUT(num_top, available)
 
 
 def chat_top_count(num_top: int | None, return_all: bool) -> Callable[[int, int], int]:
