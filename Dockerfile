@@ -1,4 +1,4 @@
-# decode-server on NVIDIA GPUs: vLLM 0.32.0 (CUDA 13 wheels) + NIXL (CUDA 13 build) for disaggregated KV transfer.
+# decode-server on NVIDIA GPUs: vLLM 0.33.0 (CUDA 13 wheels) + NIXL (CUDA 13 build) for disaggregated KV transfer.
 #   docker build -t decode-server:0.1.0 .
 #   docker run --gpus all -p 8000:8000 decode-server:0.1.0                     # the demo model
 #   docker run --gpus all -p 8000:8000 decode-server:0.1.0 Qwen/Qwen3-8B \

