@@ -61,7 +61,7 @@ def series(fams: dict[str, dict]) -> dict[str, dict]:
 def ours() -> dict[str, dict]:
     from decode_server.runtime.metrics import Metrics
 
-    return families(Metrics().registry)
+    return families(Metrics("m").registry)
 
 
 def vllms() -> dict[str, dict]:

@@ -196,8 +196,6 @@ def selector_problems(query: Query, exposed: dict[str, dict], target_labels: set
         # A scraped series carries the target's labels too; the scrape's own `up` and
         # kube-state-metrics' series are listed with theirs.
         labels = set(series["labels"]) | (target_labels if sel.name not in KUBE_STATE_METRICS else set())
-        if sel.name.startswith("decode_server_"):
-            labels.add("model_name")  # coming to every decode_server_* series, as vLLM's carry it
         allowed_anywhere |= labels
         values = {**series["values"], **(target_values if sel.name not in KUBE_STATE_METRICS else {})}
         for m in sel.matchers.matchers:

@@ -77,10 +77,13 @@ SCENARIOS = {
         [s("vllm:kv_cache_usage_perc", {**DECODE, **VLLM}, "0.97x20"), s("vllm:kv_cache_usage_perc", {**PREFILL, **VLLM}, "0.5x20")],
         {15: [{**pick(DECODE, "namespace", "pool", "pod"), "model_name": "m"}]},
     ),
+    # decode-1: 1 in 10 decode legs times out (fires); decode-2: 1 in 100 fails (under 5%, quiet).
     "DecodeServerRemotePrefillFailing": (
-        [s("decode_server_rejections_total", {**DECODE, "reason": "remote_prefill_timeout"}, "0+1x20"),
-         s("decode_server_rejections_total", {**PREFILL, "reason": "remote_prefill_failed"}, "0+1x20")],
-        {3: [], 10: [{**pick(DECODE, "namespace", "pod"), "reason": "remote_prefill_timeout"}]},
+        [s("decode_server_remote_prefill_total", {**DECODE, "outcome": "ok"}, "0+9x20"),
+         s("decode_server_remote_prefill_total", {**DECODE, "outcome": "timeout"}, "0+1x20"),
+         s("decode_server_remote_prefill_total", {**DECODE, "pod": "decode-2", "outcome": "ok"}, "0+99x20"),
+         s("decode_server_remote_prefill_total", {**DECODE, "pod": "decode-2", "outcome": "failed"}, "0+1x20")],
+        {3: [], 10: [{**pick(DECODE, "namespace", "pod"), "outcome": "timeout"}]},
     ),
     # promtool's clock starts at 0: deletion timestamps of 300 s and 900 s are grace periods that
     # end at minutes 5 and 15. A deleted pod that is not ours (no up series) never counts.

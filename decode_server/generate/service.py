@@ -64,6 +64,7 @@ class GenerateService:
     def __init__(self, engine: Engine, config: ServerConfig, metrics: Metrics):
         self.engine = engine
         self.config = config
+        self.metrics = metrics
         derenderer = Derenderer(config.derender, engine.tokenizer, engine.llm.model_config, engine.llm.renderer)
         _ = derenderer.parser_cls  # a wrong parser name fails at start, not on the first request
         self.fingerprint = parser_fingerprint(engine.tokenizer, config.served_model_names[0], config.derender)
@@ -116,7 +117,10 @@ class GenerateService:
         def pending() -> bool:
             return first_token_pending(engine.llm, engine.engine_ids(watch))
 
-        return first_token_within(outputs, kv, pending, self.config.remote_prefill_timeout_s)
+        def outcome(name: str) -> None:
+            self.metrics.remote_prefill.labels(name).inc()
+
+        return first_token_within(outputs, kv, pending, self.config.remote_prefill_timeout_s, outcome)
 
     def _remote_prefill_name(self, kv: dict[str, Any] | None) -> str | None:
         """A unique alias for a decode leg of a KV-connector engine (None for anything else)."""

@@ -80,7 +80,8 @@ def build_app(
 ) -> Starlette:
     """`lifecycle` is the process's (drain state, engine watchdog); `peers`, with
     --api-server-count N > 1, this process's end of the channel to the others (aborts, metrics)."""
-    state = routes.AppState(config=config, lifecycle=lifecycle, metrics=Metrics(), peers=peers)
+    metrics = Metrics(config.served_model_names[0], draining=lambda: lifecycle.draining)
+    state = routes.AppState(config=config, lifecycle=lifecycle, metrics=metrics, peers=peers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -101,10 +101,13 @@ async def first_token_within(
     kv: dict[str, Any],
     first_token_pending: Callable[[], bool],
     timeout_s: float,
+    outcome: Callable[[str], None] = lambda _: None,
 ) -> AsyncIterator[RequestOutput]:
     """`outputs`, unless the request has no first token `timeout_s` after it started (504; the
     engine request aborted) or vLLM failed its KV load (502). `first_token_pending()`: whether
-    the engine still prefills it (a batch request's one output comes only at the end)."""
+    the engine still prefills it (a batch request's one output comes only at the end).
+    `outcome` is told how the KV arrived, once: "ok" (a first token), "timeout" or "failed"; not
+    at all when the request ended otherwise first (aborted, its client gone, the engine dead)."""
     it = aiter(outputs)
     first = asyncio.ensure_future(anext(it))
     try:
@@ -113,6 +116,7 @@ async def first_token_within(
             first.cancel()  # vLLM's generate aborts the request on the cancellation
             with contextlib.suppress(BaseException):
                 await first
+            outcome("timeout")
             raise timed_out(kv, timeout_s)
         output = await first
     except StopAsyncIteration:
@@ -121,7 +125,10 @@ async def first_token_within(
         if not first.done():  # the caller went away (cancelled) while waiting
             first.cancel()
     if _failed_before_first_token(output):
+        outcome("failed")
         raise load_failed(kv)
+    if any(o.token_ids for o in output.outputs):
+        outcome("ok")
     yield output
     async for output in it:
         yield output
