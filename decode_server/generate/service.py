@@ -15,7 +15,6 @@ from typing import Any
 
 from vllm.entrypoints.generate.base.serving import GenerateBaseServing
 from vllm.outputs import RequestOutput
-from vllm.tracing.utils import contains_trace_headers, extract_trace_headers
 
 from decode_server.config import ServerConfig
 from decode_server.generate.admission import Admission, Admitted
@@ -73,6 +72,9 @@ class GenerateService:
         # --return-tokens-as-token-ids: `token_id:N` placeholders in text logprobs (no tokenizer), as vLLM.
         self._logprob_tokenizer = None if config.return_tokens_as_token_ids else engine.tokenizer
         self._watch_seq = itertools.count()  # names a remote-prefill request for its deadline
+        # vLLM's engine tracing (--otlp-traces-endpoint) is on: a server span per request (tracing.py).
+        observability = getattr(engine.llm, "observability_config", None)  # AsyncLLM's; an EngineClient need not have it
+        self.tracing = observability is not None and observability.otlp_traces_endpoint is not None
 
     @contextlib.asynccontextmanager
     async def generation(
@@ -81,9 +83,9 @@ class GenerateService:
         """The request admitted, its engine request made and its stages stacked. The block is
         admission's: until it ends (the answer starts), a refused decode leg's KV is released."""
         async with self.admission.admitted(body, headers, record) as admitted:
-            yield self._generation(admitted, headers)
+            yield self._generation(admitted, headers, record.span.engine_trace_headers())
 
-    def _generation(self, admitted: Admitted, headers: Mapping[str, str]) -> Generation:
+    def _generation(self, admitted: Admitted, headers: Mapping[str, str], trace_headers: Mapping[str, str] | None) -> Generation:
         req, mode, sp = admitted.req, admitted.mode, admitted.sampling_params
         stream = bool(req.stream)
         opts = req.stream_options
@@ -97,20 +99,22 @@ class GenerateService:
             return_token_ids=bool(req.return_token_ids),
             prompt_tokens_details=self.config.prompt_tokens_details,
         )
-        steps = token_steps(self._outputs(admitted, ctx.request_id, headers), keep_text_only=mode.needs_text)
+        steps = token_steps(self._outputs(admitted, ctx.request_id, headers, trace_headers), keep_text_only=mode.needs_text)
         steps = mode.logprobs(steps, sp, self._logprob_tokenizer)
         if mode.final_stage is not None:
             steps = mode.final_stage(steps, admitted.plan, req.token_ids, sp, stream)
         stats = RequestStats()
         return Generation(req.request_id, ctx, counted(steps, stats, final_only=not stream), stats, stream)
 
-    def _outputs(self, admitted: Admitted, wire_id: str, headers: Mapping[str, str]) -> AsyncIterator[RequestOutput]:
+    def _outputs(
+        self, admitted: Admitted, wire_id: str, headers: Mapping[str, str], trace_headers: Mapping[str, str] | None
+    ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs; a decode leg's first one within its deadline (504), or it ends clearly."""
         kv = admitted.kv_transfer_params
         watch = self._remote_prefill_name(kv)
         aliases = (wire_id,) if watch is None else (wire_id, watch)
         engine = self.engine
-        outputs = engine.generate(self._engine_request(admitted, aliases, headers))
+        outputs = engine.generate(self._engine_request(admitted, aliases, headers, trace_headers))
         if watch is None:
             return outputs
 
@@ -129,8 +133,11 @@ class GenerateService:
         return f"remote-prefill-{next(self._watch_seq)}"
 
     @staticmethod
-    def _engine_request(admitted: Admitted, aliases: tuple[str, ...], headers: Mapping[str, str]) -> EngineRequest:
-        """What the engine gets; the headers read as vLLM's generate reads them, with its own readers."""
+    def _engine_request(
+        admitted: Admitted, aliases: tuple[str, ...], headers: Mapping[str, str], trace_headers: Mapping[str, str] | None
+    ) -> EngineRequest:
+        """What the engine gets; the headers read as vLLM's generate reads them, with its own readers
+        (the trace headers: the server span's, else the caller's)."""
         req = admitted.req
         raw_request = SimpleNamespace(headers=headers)  # what vLLM's readers read of its request
         kwargs = req.reasoning_parser_kwargs
@@ -145,7 +152,7 @@ class GenerateService:
                 reasoning_ended=req.reasoning_ended,
                 reasoning_parser_kwargs=None if kwargs is None else {"chat_template_kwargs": kwargs.chat_template_kwargs},
                 lora_request=admitted.lora,
-                trace_headers=extract_trace_headers(headers) if contains_trace_headers(headers) else None,
+                trace_headers=trace_headers,
                 data_parallel_rank=GenerateBaseServing._get_data_parallel_rank(raw_request),
                 session_id=GenerateBaseServing._get_session_id_from_headers(raw_request),
             ),

@@ -25,6 +25,7 @@ from decode_server.http.openapi import openapi_document
 from decode_server.http.sse import sse_response
 from decode_server.runtime.engine import Engine
 from decode_server.runtime.metrics import Metrics
+from decode_server.runtime.tracing import RequestSpan
 from decode_server.runtime.peers import Peers
 from decode_server.runtime.request_record import RequestRecord
 from protocol.errors import error_body
@@ -149,7 +150,9 @@ async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
     The head is awaited before answering, so a request the engine refuses still gets a 4xx, not a
     200 with an error event."""
     config = st.config
-    with RequestRecord(st.metrics, config.access_log and request.url.path not in config.access_log_skip_paths) as record:
+    access_log = config.access_log and request.url.path not in config.access_log_skip_paths
+    span = RequestSpan(request.headers, enabled=st.service.tracing)
+    with RequestRecord(st.metrics, access_log, span) as record:
         st.refuse_if_dead()
         st.refuse_if_draining()
         body = await read_body(request, config.max_request_bytes)

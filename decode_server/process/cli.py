@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> None:
 
         pd_proxy_main(argv[1:])
         return
+    if argv[:1] == ["serve"]:
+        from decode_server.process.vllm_logs import use_json_logs
+
+        use_json_logs(argv)  # before vLLM is imported: it configures its loggers on import
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo-model":

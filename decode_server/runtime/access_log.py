@@ -42,6 +42,9 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
+            # vLLM names its processes (EngineCore, a worker) on their records; ours are the process's.
+            "process": getattr(record, "vllm_process_name", record.processName),
+            "pid": record.process,
         }
         fields = getattr(record, "fields", None)
         if fields:

@@ -14,6 +14,7 @@ from types import TracebackType
 from decode_server.errors import describe
 from decode_server.runtime.access_log import log_request
 from decode_server.runtime.metrics import Metrics
+from decode_server.runtime.tracing import RequestSpan
 
 
 @dataclass(slots=True)
@@ -30,9 +31,10 @@ class RequestStats:
 
 
 class RequestRecord:
-    def __init__(self, metrics: Metrics, access_log: bool = True):
+    def __init__(self, metrics: Metrics, access_log: bool = True, span: RequestSpan | None = None):
         self.metrics = metrics
         self.access_log = access_log
+        self.span = span or RequestSpan({}, enabled=False)  # the server span (tracing.py)
         self.started = time.monotonic()
         self.request_id: str | None = None
         self.output_mode = "unknown"
@@ -92,6 +94,16 @@ class RequestRecord:
                 m.ttft.labels(self.output_mode).observe(ttft_s)
             if "abort" in stats.finish_reasons:
                 m.aborted("engine_abort")
+        self.span.end(
+            {
+                "decode_server.output_mode": self.output_mode,
+                "http.response.status_code": status,
+                "gen_ai.request.id": self.request_id or "",
+                "gen_ai.usage.input_tokens": stats.prompt_tokens if stats else 0,
+                "gen_ai.usage.output_tokens": stats.completion_tokens if stats else 0,
+            },
+            status,
+        )
         if not self.access_log:
             return
         log_request(
