@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import json
 import logging
+import logging.config
 import os
 import tempfile
 
@@ -62,6 +63,9 @@ def use_json_logs(argv: list[str]) -> None:
         json.dump(dict_config(level), f)
     atexit.register(_remove, path, os.getpid())
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    # This process logs from its first import on (vLLM warns while importing); a forked child
+    # (vLLM's default start method) inherits it.
+    logging.config.dictConfig(dict_config(level))
 
 
 def _remove(path: str, owner: int) -> None:
