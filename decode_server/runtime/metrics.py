@@ -78,6 +78,10 @@ class Metrics:
         )
         for outcome in REMOTE_PREFILL_OUTCOMES:  # at 0 from the start: a rule's ratio has its denominator
             self.remote_prefill.labels(outcome)
+        self._process_series(single)
+
+    def _process_series(self, single: Callable[..., Any]) -> None:
+        """This process's own state: CPU, the drain, peers' aborts, per-request state held."""
         self._cpu = single(
             Gauge, "decode_server_frontend_cpu_seconds", "CPU seconds used by this (API server) process",
             multiprocess_mode="liveall",  # one series per API process (label pid)
