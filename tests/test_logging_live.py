@@ -1,22 +1,30 @@
-"""`--log-format json` on a real server: every line it writes, from start to exit, is one JSON object,
-vLLM's own loggers in the API process and in the engine core included."""
+"""`--log-format json` on a real server: every log record it writes, from start to exit, is one JSON
+object, vLLM's own loggers in the API process and in the engine core included."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
-import pytest
 
 from tests import servers
 from tests.support import GENERATE, scripted
 
 
-# Open (issue 24): lines written before a spawned process configures logging (vLLM's import-time
-# Triton warning in processes it spawns), multiprocessing's resource tracker and native (C++)
-# warnings bypass Python logging; they need the server to wrap its children's stderr fd.
-@pytest.mark.xfail(strict=True, reason="non-logging stderr of vLLM's child processes is still text")
-def test_every_line_of_a_json_server_is_one_json_object(demo_model, log_dir):
+# Open (issue 24): writes to stderr that bypass Python logging are still text — vLLM's import-time
+# Triton notice in the processes it spawns (printed before their logging is configured), torch's
+# native NUMA warning, multiprocessing's resource-tracker warning. Wrapping them needs the server to
+# own its children's stderr descriptor. They are matched exactly here, so any other text line fails.
+NOT_PYTHON_LOGGING = (
+    re.compile(r"Triton is installed, but doesn't include CPU backend\. Disabling Triton\."),
+    re.compile(r"\[W\d{4} [\d:.]+ utils\.cpp:\d+\] Warning: NUMA binding: .*"),
+    re.compile(r".*/multiprocessing/resource_tracker\.py:\d+: UserWarning: resource_tracker: .*"),
+    re.compile(r"  warnings\.warn\('resource_tracker: .*"),
+)
+
+
+def test_every_log_record_of_a_json_server_is_one_json_object(demo_model, log_dir):
     server = servers.ours("json-logs", demo_model, log_dir, "--log-format", "json").start()
     try:
         r = httpx.post(server.url + GENERATE, json=scripted([9707], [9707, 11], request_id="json-line"), timeout=60)
@@ -37,7 +45,8 @@ def test_every_line_of_a_json_server_is_one_json_object(demo_model, log_dir):
             entries.append(entry)
         else:
             not_json.append(line)
-    assert not not_json, "lines that are not one JSON object:\n" + "\n".join(not_json[:20])
+    unexplained = [line for line in not_json if not any(p.fullmatch(line) for p in NOT_PYTHON_LOGGING)]
+    assert not unexplained, "lines that are not one JSON object:\n" + "\n".join(unexplained[:20])
     assert all({"ts", "level", "logger", "process", "pid"} <= set(e) for e in entries)
     loggers = {e["logger"] for e in entries}
     assert any(name.startswith("vllm.") for name in loggers), loggers
