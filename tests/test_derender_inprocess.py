@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from decode_server.generate.fingerprint import HEADER as FINGERPRINT
+from protocol.generate import FINGERPRINT_HEADER as FINGERPRINT
 from tests import chat_cases as cc
 from tests.inprocess import PROMPT, InProcess, error_of, serve, vllm_serve
 from tests.servers import PARSER_FLAGS
