@@ -44,11 +44,10 @@ def script_for(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def rendered(vllm_url: str, chat: dict[str, Any]) -> dict[str, Any]:
+def rendered(vllm_url: str, chat: dict[str, Any]) -> Any:
     r = httpx.post(vllm_url + "/v1/chat/completions/render", json=chat, timeout=60)
     assert r.status_code == 200, r.text
-    body = r.json()
-    return body[0] if isinstance(body, list) else body
+    return r.json()
 
 
 def parse_context(chat: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +59,12 @@ def parse_context(chat: dict[str, Any]) -> dict[str, Any]:
 
 def derender_request(vllm_url: str, chat: dict[str, Any], script: list[int], **overrides: Any) -> dict[str, Any]:
     """What a render server sends us for `chat`: its generate request plus parse_context."""
-    gen = rendered(vllm_url, chat)
+    return request_from_render(rendered(vllm_url, chat), chat, script, **overrides)
+
+
+def request_from_render(gen: dict[str, Any] | list[dict[str, Any]], chat: dict[str, Any], script: list[int], **overrides: Any) -> dict[str, Any]:
+    """Our derender request from `gen`, vLLM's /v1/chat/completions/render answer for `chat`."""
+    gen = gen[0] if isinstance(gen, list) else gen
     sampling = dict(gen["sampling_params"])
     sampling["extra_args"] = {**(sampling.get("extra_args") or {}), "replay_token_ids": script}
     sampling.update(overrides.pop("sampling_params", {}))
@@ -75,8 +79,13 @@ def derender_request(vllm_url: str, chat: dict[str, Any], script: list[int], **o
     return req
 
 
+def coupled_body(chat: dict[str, Any], script: list[int], stream: bool) -> dict[str, Any]:
+    """vLLM's coupled /v1/chat/completions request for `chat`, its output following `script`."""
+    return {**chat, "vllm_xargs": {"replay_token_ids": script}, "stream": stream}
+
+
 def coupled_chat(vllm_url: str, chat: dict[str, Any], script: list[int], stream: bool) -> Any:
-    body = {**chat, "vllm_xargs": {"replay_token_ids": script}, "stream": stream}
+    body = coupled_body(chat, script, stream)
     if not stream:
         r = httpx.post(vllm_url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text

@@ -1,4 +1,8 @@
-"""Session-scoped real engines, one per server configuration, started lazily and shared."""
+"""Session-scoped real engines, one per server configuration, started lazily and shared.
+
+The two shared ones: ours as a decode pool runs it, and vLLM's own as the oracle. A module that needs
+another real configuration starts its own; one that differs only in frontend behaviour (tokens-only
+rules, no parsers, another stream interval) is checked in process (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -45,17 +49,6 @@ def server(demo_model, log_dir):
 def vllm_server(demo_model, log_dir):
     """vLLM 0.32's own server on the same engine configuration: the parity oracle."""
     yield from _started(servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS))
-
-
-@pytest.fixture(scope="module")
-def tokens_only_server(demo_model, log_dir):
-    yield from _started(servers.ours("tokens-only", demo_model, log_dir, "--tokens-only"))
-
-
-@pytest.fixture(scope="module")
-def plain_server(demo_model, log_dir):
-    """Ours with a tokenizer but no parsers."""
-    yield from _started(servers.ours("plain", demo_model, log_dir))
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 Every case runs the same replayed tokens through (1) our batch derender,
 (2) our streaming derender, (3) vLLM's coupled chat, batch and stream, and
 compares the parsed messages (tool-call ids aside; their format is checked).
+The derender rules, the parser fingerprint, a server without parsers and multi-token deltas
+(--stream-interval 4) run in process: tests/test_derender_inprocess.py.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatMessage
 
@@ -206,56 +207,7 @@ def test_include_reasoning_false_hides_reasoning_token_ids_and_logprobs(server, 
     assert all(c["delta"] or c["finish_reason"] for c in deltas), deltas
 
 
-def test_plain_text_becomes_content_without_a_parser(plain_server, vllm_server, tokenizer):
-    text = "<think>\nraw\n</think>\n\nvisible"
-    script = cc.script_for(tokenizer, text)
-    req = cc.derender_request(vllm_server.url, cc.chat_body(), script)
-    del req["parse_context"]
-    r = post(plain_server.url, req)
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"] == {
-        "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-        "function_call": None, "reasoning": None,
-    }, "every key vLLM's ChatMessage writes"
-    events = sse_events(plain_server.url, req)
-    deltas = _choice_deltas(events[:-1])
-    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}, "a role-only chunk first, as coupled chat"
-    assert cc.accumulate([c["delta"] for c in deltas])["content"] == text
-
-
-# ---------------------------------------------------------------- rules
-
-
-def test_parser_configured_and_no_context_is_a_400(server, vllm_server, tokenizer):
-    req = cc.derender_request(vllm_server.url, cc.chat_body(), [9707])
-    del req["parse_context"]
-    r = post(server.url, req)
-    assert r.status_code == 400 and "parse_context" in r.json()["error"]["message"]
-
-
-def test_named_tool_choice_matching_no_tool_is_a_400(server, vllm_server):
-    req = cc.derender_request(vllm_server.url, cc.chat_body(tools=[cc.WEATHER]), [9707])
-    req["parse_context"]["tool_choice"] = {"type": "function", "function": {"name": "nope"}}
-    r = post(server.url, req)
-    assert r.status_code == 400 and "'nope'" in r.json()["error"]["message"]
-
-
-def test_unknown_parse_context_field_is_a_400_only_at_derender(server, vllm_server):
-    req = cc.derender_request(vllm_server.url, cc.chat_body(), [9707])
-    req["parse_context"]["future_knob"] = 1
-    r = post(server.url, req)
-    assert r.status_code == 400 and "render server is newer" in r.json()["error"]["message"]
-    r = post(server.url, {**req, "output_mode": "tokens"})
-    assert r.status_code == 200, r.text
-
-
-def test_chat_request_needs_derender_and_excludes_parse_context(server, vllm_server):
-    req = cc.derender_request(vllm_server.url, cc.chat_body(), [9707])
-    chat_request = cc.chat_body()
-    r = post(server.url, {**req, "output_mode": "text", "chat_request": chat_request, "parse_context": None})
-    assert r.status_code == 400 and "chat_request" in r.json()["error"]["message"]
-    r = post(server.url, {**req, "chat_request": chat_request})
-    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
+# ---------------------------------------------------------------- the chat_request wire
 
 
 def test_chat_request_wire_gives_the_same_message_as_parse_context(server, vllm_server, tokenizer):
@@ -268,52 +220,3 @@ def test_chat_request_wire_gives_the_same_message_as_parse_context(server, vllm_
     via_chat_request = post(server.url, req).json()
     a, b = (cc.without_ids(cc.batch_message(r["choices"][0]["message"])) for r in (via_context, via_chat_request))
     assert a == b and a["tool_calls"][0]["name"] == "get_weather"
-
-
-# ---------------------------------------------------------------- config drift
-
-
-def test_parser_fingerprint_is_published_and_a_mismatch_is_a_409(server, vllm_server, tokenizer):
-    fingerprint = httpx.get(server.url + "/v1/models").json()["data"][0]["parser_fingerprint"]
-    req = cc.derender_request(vllm_server.url, cc.chat_body(), cc.script_for(tokenizer, "ok"))
-    r = post(server.url, req, headers={"X-Parser-Fingerprint": fingerprint})
-    assert r.status_code == 200 and r.headers["x-parser-fingerprint"] == fingerprint
-    r = post(server.url, req, headers={"X-Parser-Fingerprint": "0123456789abcdef"})
-    assert r.status_code == 409
-    message = r.json()["error"]["message"]
-    assert "0123456789abcdef" in message and fingerprint in message
-    assert post(server.url, req).status_code == 200  # off unless the caller sends one
-
-
-def test_fingerprint_depends_on_the_parsers(server, plain_server):
-    ours = httpx.get(server.url + "/v1/models").json()["data"][0]["parser_fingerprint"]
-    plain = httpx.get(plain_server.url + "/v1/models").json()["data"][0]["parser_fingerprint"]
-    assert ours != plain
-
-
-# ---------------------------------------------------------------- multi-token deltas
-
-
-@pytest.fixture(scope="module")
-def interval4_server(demo_model, log_dir):
-    from tests import servers
-
-    server = servers.ours("interval4", demo_model, log_dir, *servers.PARSER_FLAGS, "--stream-interval", "4").start()
-    yield server
-    server.stop()
-
-
-@pytest.mark.parametrize("case", [c for c in CASES if c.name in (
-    "reasoning_then_content", "reasoning_then_tool_call", "two_parallel_calls", "stop_string_inside_content",
-)], ids=lambda c: c.name)
-def test_multi_token_deltas_parse_the_same(interval4_server, vllm_server, tokenizer, case: Case):
-    script = cc.script_for(tokenizer, case.text)
-    chat = cc.chat_body(**case.chat)
-    events = sse_events(interval4_server.url, cc.derender_request(vllm_server.url, chat, script))[:-1]
-    deltas = _choice_deltas(events)
-    assert max(len(c["token_ids"]) for c in deltas) > 1, "the engine sent multi-token deltas"
-    theirs = [c for e in cc.coupled_chat(vllm_server.url, chat, script, stream=True) for c in e.get("choices", [])]
-    assert cc.without_ids(cc.accumulate([c["delta"] for c in deltas])) == cc.without_ids(
-        cc.accumulate([c["delta"] for c in theirs])
-    )
-    assert deltas[-1]["finish_reason"] == [c for c in theirs if c.get("finish_reason")][-1]["finish_reason"]

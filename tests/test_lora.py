@@ -1,10 +1,9 @@
-"""LoRA adapters and the engine headers, as vLLM's generate serves them (issue #13, items 2 and 3).
+"""LoRA adapters and the engine headers on a real engine (issue #13, items 2 and 3).
 
-Fast checks (no engine) drive the app in-process over a stub `AsyncLLM` that records the keyword
-arguments of every `generate` call: the headers and the adapter reach the engine call. The real
-server beside them serves a random-weight rank-8 adapter for the demo model's shapes: it changes
-the model's greedy tokens, `/v1/models` lists it, one more loads and unloads at runtime, and
-`/metrics` carries vLLM's `vllm:lora_requests_info`.
+The server serves a random-weight rank-8 adapter for the demo model's shapes: it changes the
+model's greedy tokens, `/v1/models` lists it, one more loads and unloads at runtime, and
+`/metrics` carries vLLM's `vllm:lora_requests_info`. The route rules (load/unload bodies and
+statuses, adapter resolution, the headers reaching the engine) run in process: tests/test_lora_inprocess.py.
 """
 
 from __future__ import annotations
@@ -12,24 +11,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
-from vllm.outputs import CompletionOutput, RequestOutput
 
-from decode_server.http.app import build_app
-from decode_server.config import ServerConfig
-from decode_server.runtime.engine import Engine
-from decode_server.process.server import Lifecycle
 from tests import servers
-from tests.support import GENERATE, post
+from tests.support import post
+from tests.test_lora_inprocess import ENGINE_HEADERS
 
 ADAPTER = "my-adapter"
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-ENGINE_HEADERS = {"traceparent": TRACEPARENT, "tracestate": "vendor=1", "X-data-parallel-rank": "0", "X-Session-ID": "s-1"}
 
 
 # ------------------------------------------------------------------ a random-weight adapter
@@ -62,108 +52,6 @@ def build_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8, scale: f
     }
     (out / "adapter_config.json").write_text(json.dumps(config))
     return out
-
-
-# ------------------------------------------------------------------ fast: a stub engine
-
-
-class RecordingLLM:
-    """What `Engine` and vLLM's `OpenAIServingModels` read of an AsyncLLM; `generate` records its kwargs."""
-
-    log_stats = False
-    errored = False
-    tokenizer = renderer = input_processor = None
-
-    def __init__(self) -> None:
-        self.model_config = SimpleNamespace(
-            model="/models/base", max_model_len=4096, max_logprobs=20, hf_config=SimpleNamespace(),
-            get_diff_sampling_param=dict, get_vocab_size=lambda: 1000,
-        )
-        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=16), kv_transfer_config=None)
-        self.calls: list[dict[str, Any]] = []
-        self.added: list[Any] = []
-
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any):
-        self.calls.append(kwargs)
-        done = CompletionOutput(index=0, text="", token_ids=[7], cumulative_logprob=None, logprobs=None, finish_reason="length")
-        yield RequestOutput(request_id, None, prompt["prompt_token_ids"], None, [done], True)
-
-    async def add_lora(self, lora_request: Any) -> bool:
-        self.added.append(lora_request)
-        return True
-
-    def shutdown(self) -> None:
-        pass
-
-
-@pytest.fixture
-def stub():
-    llm = RecordingLLM()
-    config = ServerConfig(served_model_names=("base",), tokens_only=True, runtime_lora_updating=True, api_keys=("k",))
-    app = build_app(lambda: Engine(llm, tokens_only=True), config, Lifecycle())
-    with TestClient(app, headers={"Authorization": "Bearer k"}) as client:
-        yield llm, client
-
-
-def test_engine_headers_reach_the_engine_call(stub):
-    llm, client = stub
-    r = client.post(GENERATE, json={"token_ids": [1, 2]}, headers=ENGINE_HEADERS)
-    assert r.status_code == 200, r.text
-    call = llm.calls[-1]
-    assert call["trace_headers"] == {"traceparent": TRACEPARENT, "tracestate": "vendor=1"}
-    assert call["data_parallel_rank"] == 0
-    assert call["session_id"] == "s-1"
-    assert call["lora_request"] is None
-
-
-def test_without_the_headers_the_engine_gets_none(stub):
-    llm, client = stub
-    r = client.post(GENERATE, json={"token_ids": [1, 2]}, headers={"X-data-parallel-rank": "x"})
-    assert r.status_code == 200, r.text
-    call = llm.calls[-1]
-    assert (call["trace_headers"], call["data_parallel_rank"], call["session_id"]) == (None, None, None)
-
-
-def test_model_picks_the_adapter_and_unknown_is_404(stub):
-    llm, client = stub
-    r = client.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/adapters/a"})
-    assert (r.status_code, r.text) == (200, "Success: LoRA adapter 'a' added successfully.")
-    assert llm.added[-1].lora_name == "a"
-    r = client.post(GENERATE, json={"token_ids": [1], "model": "a"})
-    assert r.status_code == 200 and r.json()["model"] == "a"
-    assert llm.calls[-1]["lora_request"].lora_path == "/adapters/a"
-    for base in ({"model": ""}, {"model": "base"}, {}):
-        r = client.post(GENERATE, json={"token_ids": [1], **base})
-        assert r.status_code == 200 and r.json()["model"] == "base"
-        assert llm.calls[-1]["lora_request"] is None
-    r = client.post(GENERATE, json={"token_ids": [1], "model": "x"})
-    assert r.status_code == 404 and r.json()["error"]["message"] == "The model `x` does not exist."
-    cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
-    assert (cards["a"]["parent"], cards["a"]["root"]) == ("base", "/adapters/a")
-
-
-def test_load_and_unload_bodies_and_statuses_are_vllms(stub):
-    _, client = stub
-    ok = {"lora_name": "a", "lora_path": "/adapters/a"}
-    assert client.post("/v1/load_lora_adapter", json=ok).status_code == 200
-    again = client.post("/v1/load_lora_adapter", json=ok)
-    assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
-    base = client.post("/v1/load_lora_adapter", json={"lora_name": "base", "lora_path": "/p"})
-    assert base.status_code == 400 and "conflicts with a served base model" in base.json()["error"]["message"]
-    assert client.post("/v1/load_lora_adapter", json={"lora_name": "b"}).status_code == 400
-    assert client.post("/v1/load_lora_adapter", content=b"{").status_code == 400
-    r = client.post("/v1/unload_lora_adapter", json={"lora_name": "a"})
-    assert (r.status_code, r.text) == (200, "Success: LoRA adapter 'a' removed successfully.")
-    gone = client.post("/v1/unload_lora_adapter", json={"lora_name": "a"})
-    assert gone.status_code == 404 and gone.json()["error"]["message"] == "The lora adapter 'a' cannot be found."
-    assert client.post(GENERATE, json={"token_ids": [1], "model": "a"}).status_code == 404
-    assert client.post("/v1/unload_lora_adapter", json={"lora_name": "a"}, headers={"Authorization": ""}).status_code == 401
-
-
-def test_the_lora_routes_exist_only_with_runtime_updating():
-    app = build_app(lambda: None, ServerConfig(served_model_names=("base",)), None)
-    paths = {route.path for route in app.routes}
-    assert "/v1/load_lora_adapter" not in paths and "/v1/unload_lora_adapter" not in paths
 
 
 # ------------------------------------------------------------------ a real engine with adapters

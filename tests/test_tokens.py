@@ -1,11 +1,11 @@
 """Tokens level on the real engine: wire shape (vLLM's own pydantic models), parity with vLLM's server.
 
-Aborts and disconnects are tested in process (tests/test_aborts_inprocess.py)."""
+Aborts and disconnects are tested in process (tests/test_aborts_inprocess.py), and so are the service
+rules (unknown ids and fields, wrong types, X-Request-Id, the service endpoints:
+tests/test_tokens_inprocess.py); the batch test here checks X-Request-Id on the real engine."""
 
 from __future__ import annotations
 
-
-import httpx
 import pytest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateTokensResponse,
@@ -91,48 +91,3 @@ def test_tokens_level_equals_vllms_own_generate(server, vllm_server, stream):
     if same_chunking(choice_chunks(ours), choice_chunks(theirs)):
         strip = lambda events: [{k: v for k, v in e.items() if k != "request_id"} for e in events[:-1]]  # noqa: E731
         assert strip(ours) == strip(theirs)
-
-
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name) and not line.startswith("#")]
-    assert values, f"{name} not exported"
-    return sum(values)
-
-
-def test_abort_of_an_unknown_id_is_a_noop_200(server):
-    for path in ("/abort_requests", "/inference/v1/abort_requests"):
-        r = httpx.post(server.url + path, json={"request_ids": ["never-seen"]})
-        assert r.status_code == 200 and r.text == ""
-
-
-def test_unknown_top_level_fields_are_ignored(server):
-    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}, "future_field": {"x": 1}})
-    assert r.status_code == 200, r.text
-
-
-def test_wrong_type_is_a_400_naming_the_field(server):
-    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": "eight"}})
-    assert r.status_code == 400
-    assert "sampling_params.max_tokens" in r.json()["error"]["message"]
-    assert r.json()["error"]["type"] == "Bad Request", "the type vLLM's schema errors carry"
-
-
-def test_x_request_id_header_names_the_request(server):
-    r = post(server.url, {"token_ids": PROMPT, "sampling_params": {"max_tokens": 1}}, headers={"X-Request-Id": "hdr-7"})
-    assert r.json()["request_id"] == "generate-tokens-hdr-7"
-    assert r.headers["x-request-id"] == "hdr-7"
-    both = post(server.url, {"token_ids": PROMPT, "request_id": "body-id", "sampling_params": {"max_tokens": 1}},
-                headers={"X-Request-Id": "hdr-8"})
-    assert both.json()["request_id"] == "generate-tokens-hdr-8", "as vLLM: the header wins over the body"
-
-
-def test_service_endpoints(server):
-    models = httpx.get(server.url + "/v1/models").json()
-    assert models["data"][0]["id"] == "demo" and models["data"][0]["max_model_len"] == 4096
-    assert httpx.get(server.url + "/version").json()["vllm"].startswith("0.32")
-    spec = httpx.get(server.url + "/openapi.json").json()
-    assert "GenerateRequest" in spec["components"]["schemas"]
-    assert "/inference/v1/generate" in spec["paths"]
-    assert _metric(server.url, "vllm:generation_tokens_total") > 0
-    assert _metric(server.url, "decode_server_requests_total") > 0
