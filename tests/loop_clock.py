@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 
 class LoopClock:
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -30,4 +32,15 @@ class LoopClock:
             await asyncio.sleep(0)
 
     def close(self) -> None:
-        del self._loop.time  # back to the class's method
+        """Back to the wall clock: `offset` seconds back in time, so only once nothing of the test
+        waits on a timer (timers set meanwhile would fire that much later)."""
+        del self._loop.time  # the class's method again
+
+
+@pytest.fixture
+async def clock():
+    """A test's LoopClock. Ask for it before `inproc`, so that it is put back after the app is gone
+    (time must not run backwards under timers the app still has); import it into the test module."""
+    loop_clock = LoopClock(asyncio.get_running_loop())
+    yield loop_clock
+    loop_clock.close()

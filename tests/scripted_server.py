@@ -86,8 +86,9 @@ def main(argv: list[str]) -> int:
             _spawn(_die_when_reached(llm.core.hold(request_id, after_tokens=tokens), llm.core))
         return Engine(llm, tokens_only=args.tokens_only)
 
-    app = build_app(scripted_engine, server_config(args), lifecycle)
-    return run(uvicorn_config(app, args), lifecycle)
+    config = server_config(args)
+    app = build_app(scripted_engine, config, lifecycle)
+    return run(uvicorn_config(app, args, config), lifecycle)
 
 
 def scripted_process(

@@ -23,7 +23,7 @@ from sse_starlette.sse import AppStatus
 from decode_server.config import DEFAULT_SHUTDOWN_TIMEOUT_S, DRAIN_FLUSH_S
 from tests import servers
 from tests.inprocess import body_for
-from tests.loop_clock import LoopClock
+from tests.loop_clock import clock  # noqa: F401  (the fixture)
 from tests.processes import sigterm_and_wait
 from tests.scripted_server import scripted_process
 from tests.stream_reader import StreamReader
@@ -34,18 +34,11 @@ SHORT = [9707] * 10
 LONG = {"max_tokens": 4000, "ignore_eos": True}
 
 
-@pytest.fixture
-async def clock():
-    loop_clock = LoopClock(asyncio.get_running_loop())
-    yield loop_clock
-    loop_clock.close()
-
-
 # ------------------------------------------------------------------ in process: the decision
 
 
 @pytest.mark.anyio
-async def test_what_runs_keeps_running_and_what_is_left_is_aborted_at_the_deadline(inproc, clock):
+async def test_what_runs_keeps_running_and_what_is_left_is_aborted_at_the_deadline(clock, inproc):
     window = inproc.lifecycle.shutdown_timeout_s
     assert window == DEFAULT_SHUTDOWN_TIMEOUT_S, "the production window (no --shutdown-timeout)"
     long_gate = inproc.core.hold("long", after_tokens=3)

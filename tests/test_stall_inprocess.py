@@ -14,9 +14,8 @@ import logging
 
 import pytest
 
-from decode_server.config import STREAM_SEND_TIMEOUT_S
 from tests.inprocess import body_for
-from tests.loop_clock import LoopClock
+from tests.loop_clock import clock  # noqa: F401  (the fixture)
 from tests.support import GENERATE
 
 pytestmark = pytest.mark.anyio
@@ -34,8 +33,8 @@ def _scope(raw: bytes) -> dict:
     }
 
 
-async def test_a_client_that_reads_nothing_is_cut_between_the_limit_and_a_quarter_more(inproc, caplog):
-    limit = STREAM_SEND_TIMEOUT_S
+async def test_a_client_that_reads_nothing_is_cut_between_the_limit_and_a_quarter_more(clock, inproc, caplog):
+    limit = inproc.state.config.stream_send_timeout_s
     assert limit == 60, "the production limit (DECODE_SERVER_STREAM_SEND_TIMEOUT_S unset)"
     raw = json.dumps({**body_for("text", [], request_id="stalled", sampling_params=LONG), "stream": True}).encode()
     bodies: list[bytes] = []
@@ -55,18 +54,14 @@ async def test_a_client_that_reads_nothing_is_cut_between_the_limit_and_a_quarte
                 await asyncio.Event().wait()  # every buffer is full: this send never completes
             bodies.append(message.get("body", b""))
 
-    clock = LoopClock(asyncio.get_running_loop())
-    try:
-        caplog.set_level(logging.WARNING, "decode_server.http.sse")
-        app = asyncio.create_task(inproc.app(_scope(raw), receive, send))
-        await asyncio.wait_for(full.wait(), 10)
-        stalled_at = clock.time()
-        while not app.done():
-            assert clock.time() - stalled_at < 2 * limit, "never cut"
-            await clock.advance(1.0)
-        cut_after = clock.time() - stalled_at
-    finally:
-        clock.close()
+    caplog.set_level(logging.WARNING, "decode_server.http.sse")
+    app = asyncio.create_task(inproc.app(_scope(raw), receive, send))
+    await asyncio.wait_for(full.wait(), 10)
+    stalled_at = clock.time()
+    while not app.done():
+        assert clock.time() - stalled_at < 2 * limit, "never cut"
+        await clock.advance(1.0)
+    cut_after = clock.time() - stalled_at
     await app  # the cut ends the response; the app returns normally
     assert limit <= cut_after <= 1.25 * limit + 1, cut_after
     assert len(bodies) == BUFFERED_CHUNKS and not any(b"[DONE]" in b for b in bodies)
