@@ -447,7 +447,7 @@ def test_a_stalled_reader_costs_flat_memory_and_is_cut_after_the_send_timeout(fa
 
     The cut needs the server's socket buffers full. Linux sizes a connection's send buffer from its
     segment size: at loopback's (64 KiB) it takes ~3 MB, ~1,500 tokens, minutes for a loaded
-    engine; at an Ethernet-sized segment (what a remote client has) ~75 KB, tens of tokens. The
+    engine; at an Ethernet-sized segment (what a remote client has) ~150 KB, ~80 tokens. The
     cut's timing is checked to the second in process (tests/test_stall_inprocess.py)."""
     url = faults.url
     offset = _log_offset(faults)
