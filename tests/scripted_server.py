@@ -1,15 +1,14 @@
 """`decode-server serve` over the scripted engine, as a real process: for what only a process shows
 (signals, uvicorn's shutdown, the exit code) without an engine to start or to wait for.
 
-    python -m tests.scripted_server [--hold ID:N]... [--hold-until-drain ID:N]... [--die-at ID:N]... MODEL [serve flags]
+    python -m tests.scripted_server [--hold ID:N]... [--hold-until-drain ID:N]... MODEL [serve flags]
 
 Everything `cli.serve` runs is the same (the parser, `server_config`, `Lifecycle`, `build_app`,
 `server.run` with its uvicorn and `DrainingServer`) except the engine: our `Engine` over a
 `ScriptedAsyncLLM` (tests/scripted). Its gates, set from the command line, put requests where a test
 needs them without racing an engine: `--hold ID:N` stops request ID after N output tokens for good;
 `--hold-until-drain ID:N` stops it there until the drain begins (it is in flight at SIGTERM, by
-construction, then finishes inside the window); `--die-at ID:N`: the engine dies when request ID
-has N output tokens (as when its core process is killed).
+construction, then finishes inside the window).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from tests import servers
 from tests.inprocess import engine_args, serve_args
 from tests.scripted import Gate, ScriptedAsyncLLM, engine_setup
 
-HOLD, HOLD_UNTIL_DRAIN, DIE_AT = "--hold", "--hold-until-drain", "--die-at"
+HOLD, HOLD_UNTIL_DRAIN = "--hold", "--hold-until-drain"
 
 
 class _ReleasingLifecycle(Lifecycle):
@@ -47,22 +46,8 @@ class _ReleasingLifecycle(Lifecycle):
             self.serving_loop.call_soon_threadsafe(gate.release)
 
 
-_tasks: set[asyncio.Task] = set()
-
-
-def _spawn(coro: Any) -> None:
-    task = asyncio.ensure_future(coro)
-    _tasks.add(task)  # held until done: the loop keeps only a weak reference
-    task.add_done_callback(_tasks.discard)
-
-
-async def _die_when_reached(gate: Gate, core: Any) -> None:
-    await gate.arrived.wait()
-    core.die()
-
-
 def _gates(argv: list[str]) -> tuple[dict[str, list[tuple[str, int]]], list[str]]:
-    gates: dict[str, list[tuple[str, int]]] = {HOLD: [], HOLD_UNTIL_DRAIN: [], DIE_AT: []}
+    gates: dict[str, list[tuple[str, int]]] = {HOLD: [], HOLD_UNTIL_DRAIN: []}
     while argv and argv[0] in gates:
         request_id, _, tokens = argv[1].rpartition(":")
         gates[argv[0]].append((request_id, int(tokens)))
@@ -82,8 +67,6 @@ def main(argv: list[str]) -> int:
         for request_id, tokens in gates[HOLD]:
             llm.core.hold(request_id, after_tokens=tokens)
         lifecycle.gates = [llm.core.hold(request_id, after_tokens=tokens) for request_id, tokens in gates[HOLD_UNTIL_DRAIN]]
-        for request_id, tokens in gates[DIE_AT]:
-            _spawn(_die_when_reached(llm.core.hold(request_id, after_tokens=tokens), llm.core))
         return Engine(llm, tokens_only=args.tokens_only)
 
     config = server_config(args)
@@ -98,11 +81,10 @@ def scripted_process(
     *flags: str,
     hold: dict[str, int] | None = None,
     hold_until_drain: dict[str, int] | None = None,
-    die_at: dict[str, int] | None = None,
 ) -> servers.Server:
-    """A `servers.Server` running this module; `hold`, `hold_until_drain`, `die_at`: request id → tokens."""
+    """A `servers.Server` running this module; `hold`, `hold_until_drain`: request id → tokens."""
     argv = [sys.executable, "-m", "tests.scripted_server"]
-    for flag, held in ((HOLD, hold), (HOLD_UNTIL_DRAIN, hold_until_drain), (DIE_AT, die_at)):
+    for flag, held in ((HOLD, hold), (HOLD_UNTIL_DRAIN, hold_until_drain)):
         argv += [part for request_id, tokens in (held or {}).items() for part in (flag, f"{request_id}:{tokens}")]
     return servers.Server(name, [*argv, str(model_dir), *flags], log_dir)
 
