@@ -1,23 +1,21 @@
-"""Reliability on the real engine: limits, disconnect storms, load, memory, engine death.
+"""Reliability on the real engine: limits, a disconnect storm, load, memory.
 
 Everything targets loopback, bounded in count and time. Abort edge cases are tested in process
-(tests/test_aborts_inprocess.py).
+(tests/test_aborts_inprocess.py, which has the same storm over the scripted engine); engine death
+in tests/test_engine_death.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import time
 
 import httpx
 import psutil
 import pytest
 
-from tests import servers
 from tests.support import GENERATE, post, scripted
 
 pytestmark = pytest.mark.reliability
@@ -33,16 +31,20 @@ def _metric(url: str, name: str) -> float:
     )
 
 
-def _assert_idle_within(url: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
+def _assert_idle(url: str, timeout_s: float = 60.0) -> None:
+    """Nothing left: no request state of ours, nothing running or queued in the engine. How soon
+    is the engine's speed on a shared machine (aborts and its stats arrive with its steps), so the
+    bound is only a hang guard; the time it took is printed."""
+    start = time.monotonic()
     while True:
         live = _metric(url, "decode_server_live_request_states")
         running = _metric(url, "vllm:num_requests_running")
         waiting = _metric(url, "vllm:num_requests_waiting")
         if live == running == waiting == 0:
+            print(f"idle after {time.monotonic() - start:.2f} s")
             return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not idle after {seconds}s: live={live} running={running} waiting={waiting}")
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"not idle after {timeout_s}s: live={live} running={running} waiting={waiting}")
         time.sleep(0.05)
 
 
@@ -94,7 +96,6 @@ async def _stream_then_drop(client: httpx.AsyncClient, url: str, body: dict, kee
         pass
 
 
-@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
 def test_disconnect_storm_leaves_no_state(server):
     rng = random.Random(7)
     modes = ["tokens", "text", "derender"]
@@ -113,10 +114,10 @@ def test_disconnect_storm_leaves_no_state(server):
                 else:
                     task = asyncio.create_task(_stream_then_drop(client, server.url, body, keep))
                 tasks.append(task)
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120)
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 300)  # a hang guard
 
     asyncio.run(storm())
-    _assert_idle_within(server.url, 2.0)
+    _assert_idle(server.url)
 
 
 # ---------------------------------------------------------------- load
@@ -153,7 +154,7 @@ def test_256_mixed_streams_complete_with_the_scripted_content(server, tokenizer)
         assert finish == "stop"
         if mode != "tokens":
             assert text == texts[i], (i, mode)
-    _assert_idle_within(server.url, 2.0)
+    _assert_idle(server.url)
 
 
 def test_rss_after_2000_requests_stays_within_bound_of_after_200(server):
@@ -177,45 +178,4 @@ def test_rss_after_2000_requests_stays_within_bound_of_after_200(server):
     # Stated bound: +64 MiB over 1,800 more requests (allocator noise; a per-request leak of
     # even 40 KiB would exceed it).
     assert rss_2000 - rss_200 < 64 * 1024 * 1024, (rss_200, rss_2000)
-    _assert_idle_within(server.url, 2.0)
-
-
-# ---------------------------------------------------------------- engine death
-
-
-@pytest.mark.flaky(reruns=2)  # engine timing on a shared 2-core machine
-def test_engine_death_health_503_streams_error_and_exit_nonzero(demo_model, log_dir):
-    server = servers.ours("engine-death", demo_model, log_dir).start()
-    try:
-        events: list[str] = []
-
-        async def run() -> None:
-            async with httpx.AsyncClient(timeout=60) as client:
-                body = scripted(PROMPT, [], sampling_params={"max_tokens": 3000, "ignore_eos": True})
-                async with client.stream("POST", server.url + GENERATE, json={**body, "stream": True}) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: "):
-                            events.append(line[6:])
-                            if len(events) == 3:
-                                children = psutil.Process(server.proc.pid).children(recursive=True)
-                                engine = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
-                                assert engine, [p.name() for p in children]
-                                for p in engine:
-                                    os.kill(p.pid, signal.SIGKILL)
-                                killed_at.append(time.monotonic())
-
-        killed_at: list[float] = []
-        asyncio.run(asyncio.wait_for(run(), 60))
-        assert events[-1] == "[DONE]"
-        error = json.loads(events[-2])
-        assert "error" in error and error["error"]["code"] == 503, events[-2]
-        # The server lingers ~2 s after the death (so streams can end); within it,
-        # /health and new requests answer 503.
-        health = httpx.get(server.url + "/health", timeout=5)
-        assert health.status_code == 503 and time.monotonic() - killed_at[0] < 5
-        r = post(server.url, {"token_ids": PROMPT})
-        assert r.status_code == 503 and "engine is dead" in r.json()["error"]["message"]
-        code = server.proc.wait(60)
-    finally:
-        server.stop()
-    assert code not in (0, None), server.log_tail()
+    _assert_idle(server.url)

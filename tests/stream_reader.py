@@ -1,0 +1,64 @@
+"""A generate stream from a real server, read on its own thread while the test acts (signals,
+kills): what arrived and when, so a test orders its actions by events, not by sleeps."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.support import GENERATE, joined_tokens
+
+INDEX = "x-api-server-index"
+
+
+class StreamReader(threading.Thread):
+    """`target`: a server URL, or a client whose connection the stream must use (scale-out tests
+    pick the API process that way). `events`: (arrival time, `data:` payload JSON-decoded, "[DONE]")."""
+
+    def __init__(self, target: str | httpx.Client, body: dict[str, Any]):
+        super().__init__(daemon=True)
+        self._client = httpx.Client(base_url=target, timeout=120) if isinstance(target, str) else target
+        self._owns_client = isinstance(target, str)
+        self.body = {**body, "stream": True}
+        self.events: list[tuple[float, Any]] = []
+        self.index: str | None = None  # the API process that served it (X-Api-Server-Index)
+        self.start()
+
+    def run(self) -> None:
+        import json
+
+        try:
+            with self._client.stream("POST", GENERATE, json=self.body) as r:
+                self.index = r.headers.get(INDEX)
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        payload = line[6:]
+                        self.events.append((time.monotonic(), payload if payload == "[DONE]" else json.loads(payload)))
+        finally:
+            if self._owns_client:
+                self._client.close()
+
+    def payloads(self) -> list[Any]:
+        return [payload for _, payload in self.events]
+
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1][1] == "[DONE]"
+
+    def wait_events(self, count: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.events) < count:
+            assert time.monotonic() < deadline, f"{len(self.events)} events in {timeout_s} s"
+            time.sleep(0.01)
+
+    def tokens_per_s(self, over_s: float = 1.0, timeout_s: float = 120) -> float:
+        """The stream's speed now, measured over at least `over_s` of its events."""
+        deadline = time.monotonic() + timeout_s
+        start = len(self.events)
+        while len(self.events) <= start or self.events[-1][0] - self.events[start][0] < over_s:
+            assert time.monotonic() < deadline and not self.done(), "the stream stopped"
+            time.sleep(0.05)
+        events = self.events[start:]
+        return len(joined_tokens([payload for _, payload in events[1:]])) / (events[-1][0] - events[0][0])
