@@ -1,4 +1,12 @@
-"""Operating it, on a real engine: auth, metrics after traffic, JSON access log, the typed client."""
+"""Operating it on a real engine: one server with every frontend flag below, one check per feature.
+
+The HTTP detail of each (every guarded route, exact metric values, CORS refusals, access-line
+flags, keep-alive pacing, the clients' error paths, the fuzz) runs in process over the scripted
+engine: test_operations_inprocess, test_frontend_flags_inprocess, test_admission_inprocess,
+test_fuzz_api_inprocess. Here the real process proves its wiring: the CLI, uvicorn, the log
+configuration, and the engine's own outputs (logprobs, cached tokens, vLLM's queue limit).
+(`--disable-access-log-for-endpoints` would silence the access line checked here: in process only.)
+"""
 
 from __future__ import annotations
 
@@ -11,47 +19,62 @@ import pytest
 from protocol.clients.generate import AsyncClient, Client
 from protocol.errors import GenerateError
 from tests import servers
-from tests.support import scripted
+from tests.support import GENERATE, scripted
 
-KEY = "s3cret-key"
-PROMPT = [9707, 1879]
+KEYS = ("s3cret-key", "second-key")
+PROMPT = [9707, 11]
 IM_END = 151645
-GUARDED = ["/inference/v1/generate", "/inference/v1/abort_requests", "/abort_requests"]
+ORIGIN = "https://ui.example"
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+UNAUTHORIZED = "missing or wrong API key (send 'Authorization: Bearer <key>')"
+QUEUE_LIMIT = 4  # above what these checks run at once; a request with n above it is refused
+FLAGS = (
+    *servers.PARSER_FLAGS,
+    "--api-key", *KEYS,
+    "--log-format", "json",
+    "--enable-prompt-tokens-details", "--return-tokens-as-token-ids",
+    "--sse-keep-alive-interval", "1", "--enable-server-load-tracking",
+    "--allowed-origins", f'["{ORIGIN}"]',
+    "--middleware", "tests.support.tag_response",
+    "--response-role", "narrator",
+    "--max-num-queued-reqs", str(QUEUE_LIMIT),
+    "--enable-scale-out", "--max-log-len", "5",
+)
+LONG = {"max_tokens": 3000, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def prod_server(demo_model, log_dir):
-    server = servers.ours(
-        "prod", demo_model, log_dir, *servers.PARSER_FLAGS, "--api-key", KEY, "--log-format", "json"
-    ).start()
+    server = servers.ours("prod", demo_model, log_dir, *FLAGS).start()
     yield server
     server.stop()
 
 
-def _auth(key: str = KEY) -> dict[str, str]:
+@pytest.fixture
+def http(prod_server):
+    # A real engine on a shared machine can take seconds for one answer (httpx's default is 5 s).
+    with httpx.Client(base_url=prod_server.url, timeout=120) as client:
+        yield client
+
+
+def _auth(key: str = KEYS[0]) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.mark.parametrize("path", GUARDED)
-@pytest.mark.parametrize("headers", [{}, _auth("wrong"), {"Authorization": KEY}], ids=["none", "wrong", "no-bearer"])
-def test_guarded_routes_reject_without_the_key(prod_server, path, headers):
-    r = httpx.post(prod_server.url + path, json={"token_ids": PROMPT, "request_ids": []}, headers=headers)
-    assert r.status_code == 401
-    assert "API key" in r.json()["error"]["message"]
-
-
-def test_guarded_routes_accept_the_key_and_probes_stay_open(prod_server):
-    r = httpx.post(prod_server.url + GUARDED[0], json={"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}}, headers=_auth())
-    assert r.status_code == 200
-    for path in GUARDED[1:]:
-        assert httpx.post(prod_server.url + path, json={"request_ids": ["x"]}, headers=_auth()).status_code == 200
+def test_api_keys_guard_generate_and_abort_and_probes_stay_open(http):
+    for key in KEYS:
+        r = http.post(GENERATE, json=scripted(PROMPT, [11]), headers=_auth(key))
+        assert r.status_code == 200, r.text
+    for path in (GENERATE, "/abort_requests"):
+        r = http.post(path, json={"token_ids": PROMPT, "request_ids": []}, headers=_auth("third"))
+        assert r.status_code == 401 and r.json()["error"]["message"] == UNAUTHORIZED, path
     for path in ("/health", "/ready", "/metrics", "/v1/models", "/version", "/openapi.json"):
-        assert httpx.get(prod_server.url + path).status_code == 200, path
+        assert http.get(path).status_code == 200, path
 
 
-def _samples(url: str) -> dict[str, float]:
+def _samples(http: httpx.Client) -> dict[str, float]:
     out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
+    for line in http.get("/metrics").text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
@@ -62,15 +85,14 @@ def _sum(samples: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in samples.items() if k.startswith(prefix))
 
 
-def test_typed_client_and_metrics_after_traffic(prod_server):
-    with Client(prod_server.url, api_key=KEY) as client:
+def test_typed_clients_and_metrics_after_traffic(prod_server, http):
+    with Client(prod_server.url, api_key=KEYS[0]) as client:
         tokens = client.generate(scripted(PROMPT, [9707, 11]))
         assert tokens.choices[0].token_ids == [9707, 11, IM_END]
         text = client.generate(scripted(PROMPT, [9707, 11], output_mode="text"))
         assert text.choices[0].text == "Hello,"
-        ctx = {"chat_template_kwargs": {"enable_thinking": False}}
-        derender = client.generate(scripted(PROMPT, [9707, 11], output_mode="derender", parse_context=ctx))
-        assert derender.choices[0].message.content == "Hello,"
+        derender = client.generate(scripted(PROMPT, [9707, 11], output_mode="derender", parse_context=NO_THINKING))
+        assert (derender.choices[0].message.role, derender.choices[0].message.content) == ("narrator", "Hello,")
         chunks = list(client.stream(scripted(PROMPT, [9707, 11, 1879], output_mode="text")))
         assert "".join(c.choices[0].text for c in chunks) == "Hello, world"
         with pytest.raises(GenerateError) as err:
@@ -78,10 +100,9 @@ def test_typed_client_and_metrics_after_traffic(prod_server):
         assert err.value.status == 400 and "detokenize" in err.value.message
 
     async def abort_one() -> list:
-        async with AsyncClient(prod_server.url, api_key=KEY) as client:
-            body = scripted(PROMPT, [], request_id="metrics-abort", sampling_params={"max_tokens": 2000, "ignore_eos": True})
+        async with AsyncClient(prod_server.url, api_key=KEYS[0]) as client:
             seen = []
-            async for chunk in client.stream(body):
+            async for chunk in client.stream(scripted(PROMPT, [], request_id="metrics-abort", sampling_params=LONG)):
                 seen.append(chunk)
                 if len(seen) == 2:
                     await client.abort(["metrics-abort"])
@@ -90,7 +111,7 @@ def test_typed_client_and_metrics_after_traffic(prod_server):
     seen = asyncio.run(abort_one())
     assert seen[-1].choices[0].finish_reason == "abort"
 
-    m = _samples(prod_server.url)
+    m = _samples(http)
     assert _sum(m, 'decode_server_requests_total{output_mode="text",status="200"}') >= 2
     assert _sum(m, 'decode_server_requests_total{output_mode="derender",status="200"}') >= 1
     assert _sum(m, 'decode_server_requests_total{output_mode="text",status="400"}') >= 1
@@ -104,9 +125,9 @@ def test_typed_client_and_metrics_after_traffic(prod_server):
     assert _sum(m, "vllm:request_success_total") > 0
 
 
-def test_one_json_access_line_per_request(prod_server):
-    r = httpx.post(
-        prod_server.url + GUARDED[0],
+def test_one_json_access_line_per_request(prod_server, http):
+    r = http.post(
+        GENERATE,
         json=scripted(PROMPT, [9707], output_mode="text"),
         headers={**_auth(), "X-Request-Id": "access-line-1"},
     )
@@ -119,3 +140,53 @@ def test_one_json_access_line_per_request(prod_server):
     assert entry["output_mode"] == "text" and entry["status"] == 200
     assert entry["prompt_tokens"] == 2 and entry["output_tokens"] == 2
     assert entry["ttft_ms"] is not None and entry["duration_ms"] >= entry["ttft_ms"]
+
+
+def test_prompt_token_details_and_token_id_logprobs(http):
+    body = scripted(PROMPT, [11, 12], output_mode="text", sampling_params={"logprobs": 1})
+    r = http.post(GENERATE, json=body, headers=_auth())
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert isinstance(out["usage"]["prompt_tokens_details"]["cached_tokens"], int)
+    content = out["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content[:2]] == ["token_id:11", "token_id:12"]
+    assert content[0]["bytes"] is None
+
+
+def test_keep_alive_comments_and_the_load_endpoint_during_a_stream(http):
+    body = scripted(PROMPT, [], request_id="kept-alive", sampling_params=LONG, stream=True)
+    with http.stream("POST", GENERATE, json=body, headers=_auth()) as r:
+        lines = r.iter_lines()
+        if ": keep-alive" not in lines:  # reads up to the first comment line
+            pytest.fail("the stream ended without a `: keep-alive` comment line")
+        # Read no further: the stream is open (its tokens take far longer than the first second).
+        assert http.get("/load").json()["server_load"] >= 1
+        http.post("/abort_requests", json={"request_ids": ["kept-alive"]}, headers=_auth())
+        assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+    assert http.get("/load").json() == {"server_load": 0}
+
+
+def test_cors_middleware_role_and_a_flag_without_meaning(prod_server, http):
+    preflight = http.options(
+        GENERATE,
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == ORIGIN
+    body = scripted(PROMPT, [9707], output_mode="derender", parse_context=NO_THINKING, stream=True)
+    with http.stream("POST", GENERATE, json=body, headers=_auth(KEYS[1])) as r:
+        assert r.headers["x-operator-middleware"] == "seen"
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert events[0]["choices"][0]["delta"] == {"role": "narrator", "content": ""}
+    assert "--max-log-len has no meaning for decode-server" in prod_server.log_path.read_text()
+
+
+def test_vllms_queue_limit_is_a_503_with_retry_after_and_no_stack_trace(prod_server, http):
+    # vLLM counts each of a request's n sequences against --max-num-queued-reqs.
+    body = scripted(PROMPT, [11], sampling_params={"n": QUEUE_LIMIT + 1})
+    r = http.post(GENERATE, json=body, headers=_auth())
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    error = r.json()["error"]
+    assert error["code"] == 503 and "busy" in error["message"], "vLLM's own QueueOverflowError message"
+    assert http.post(GENERATE, json=scripted(PROMPT, [11], sampling_params={"n": QUEUE_LIMIT}),
+                      headers=_auth()).status_code == 200
+    assert "Traceback" not in prod_server.log_tail(200_000)

@@ -1,8 +1,9 @@
-"""schemathesis against our own /openapi.json on a real engine: no response ≥ 500, every 4xx a valid error body.
+"""schemathesis against our own /openapi.json: no response ≥ 500, every 4xx a valid error body.
 
-CI runs a small fixed-seed run (FUZZ_EXAMPLES, default 60 per mode and
+The real app over the scripted engine on a loopback socket (vLLM's InputProcessor and
+SamplingParams checks are real; see tests/loopback.py), with a 64-token context as before so
+length rules are reached. CI runs a small fixed-seed run (FUZZ_EXAMPLES, default 60 per mode and
 operation); the nightly size is `FUZZ_EXAMPLES=500 ./dev test -m reliability -k fuzz`.
-The server has a 64-token context so a generated request can never run long.
 """
 
 from __future__ import annotations
@@ -14,23 +15,19 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from tests import servers
+from tests.loopback import loopback
 
 pytestmark = pytest.mark.reliability
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
+OPERATIONS = [("/inference/v1/generate", "POST"), ("/inference/v1/abort_requests", "POST")]
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(demo_model, log_dir):
+def fuzz_server(demo_model):
     # Later flags win in argparse, so the small context overrides the shared one.
-    server = servers.ours("fuzz", demo_model, log_dir, "--max-model-len", "64", "--max-request-bytes", "65536")
-    server.start()
-    yield server
-    server.stop()
-
-
-OPERATIONS = [("/inference/v1/generate", "POST"), ("/inference/v1/abort_requests", "POST")]
+    with loopback(demo_model, "--max-model-len", "64", "--max-request-bytes", "65536") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["positive", "negative"])
@@ -50,3 +47,4 @@ def test_no_5xx_and_every_4xx_has_an_error_body(fuzz_server, mode, path, method)
             assert error["code"] == response.status_code
 
     check()
+    assert fuzz_server.inproc.engine.live_request_count() == 0, "every fuzzed request ended"
