@@ -70,7 +70,7 @@ def loopback(model_dir: Path, *flags: str) -> Iterator[Loopback]:
 
     async def main() -> None:
         async with serve(model_dir, *flags) as inproc:
-            config = uvicorn_config(inproc.app, inproc.args)
+            config = uvicorn_config(inproc.app, inproc.args, inproc.state.config)
             config.lifespan = "off"
             server = uvicorn.Server(config)
             started.update(server=server, srv=Loopback(url, inproc, asyncio.get_running_loop()))

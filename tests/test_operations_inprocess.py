@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 
 import pytest
 
@@ -99,9 +100,9 @@ async def test_one_json_access_line_per_request(demo_model, caplog):
     lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if r.name == "decode_server.access"]
     assert [line["request_id"] for line in lines] == ["access-line-1", "access-line-2", "access-line-3"]
     for line in lines:
-        assert (line["logger"], line["level"]) == ("decode_server.access", "info")
-        assert set(line) == {"ts", "level", "logger", "request_id", "output_mode", "status", "prompt_tokens",
-                             "output_tokens", "ttft_ms", "duration_ms"}
+        assert (line["logger"], line["level"], line["pid"]) == ("decode_server.access", "info", os.getpid())
+        assert set(line) == {"ts", "level", "logger", "process", "pid", "request_id", "output_mode", "status",
+                             "prompt_tokens", "output_tokens", "ttft_ms", "duration_ms"}
     batch, stream, refused = lines
     assert (batch["output_mode"], batch["status"], batch["prompt_tokens"], batch["output_tokens"]) == ("text", 200, 2, 2)
     assert (stream["output_mode"], stream["status"], stream["prompt_tokens"], stream["output_tokens"]) == ("tokens", 200, 2, 3)
