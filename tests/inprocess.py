@@ -32,7 +32,7 @@ from decode_server.process.server import Lifecycle
 from tests.asgi_stream import StreamingASGITransport
 from tests.scripted import ScriptedAsyncLLM, ScriptedCore, engine_setup
 from tests.servers import ENGINE_FLAGS
-from tests.support import GENERATE, scripted
+from tests.support import GENERATE, metric_sum, scripted
 
 BASE_URL = "http://decode-server.test"
 PROMPT = [9707, 1879]
@@ -107,17 +107,7 @@ class InProcess:
 
     async def metric(self, name: str, **labels: str) -> float:
         """The sum of `name`'s samples on /metrics whose labels include `labels`."""
-        text = (await self.client.get("/metrics")).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("#") or not line.startswith(name):
-                continue
-            series, value = line.rsplit(" ", 1)
-            head, _, rest = series.partition("{")
-            found = dict(pair.split("=", 1) for pair in rest.rstrip("}").split(",") if pair)
-            if head == name and all(found.get(k) == f'"{v}"' for k, v in labels.items()):
-                total += float(value)
-        return total
+        return metric_sum((await self.client.get("/metrics")).text, name, **labels)
 
     async def events(self, body: dict[str, Any], **kw: Any) -> list[Any]:
         """Every `data:` payload of a generate stream, JSON-decoded, ending with "[DONE]"."""

@@ -57,6 +57,20 @@ def same_chunking(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return [c.get("token_ids") for c in a] == [c.get("token_ids") for c in b]
 
 
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples in a /metrics text whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, value = line.rsplit(" ", 1)
+        head, _, rest = series.partition("{")
+        found = dict(pair.split("=", 1) for pair in rest.rstrip("}").split(",") if pair)
+        if head == name and all(found.get(k) == f'"{v}"' for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
 async def _until(client: httpx.AsyncClient, url: str, ready: Any, timeout_s: float = 30.0) -> None:
     import asyncio
     import time

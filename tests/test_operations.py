@@ -19,7 +19,7 @@ import pytest
 from protocol.clients.generate import AsyncClient, Client
 from protocol.errors import GenerateError
 from tests import servers
-from tests.support import GENERATE, scripted
+from tests.support import GENERATE, metric_sum, scripted
 
 KEYS = ("s3cret-key", "second-key")
 PROMPT = [9707, 11]
@@ -72,17 +72,8 @@ def test_api_keys_guard_generate_and_abort_and_probes_stay_open(http):
         assert http.get(path).status_code == 200, path
 
 
-def _samples(http: httpx.Client) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in http.get("/metrics").text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
-def _sum(samples: dict[str, float], prefix: str) -> float:
-    return sum(v for k, v in samples.items() if k.startswith(prefix))
+def _metric(http: httpx.Client, name: str, **labels: str) -> float:
+    return metric_sum(http.get("/metrics").text, name, **labels)
 
 
 def test_typed_clients_and_metrics_after_traffic(prod_server, http):
@@ -111,18 +102,19 @@ def test_typed_clients_and_metrics_after_traffic(prod_server, http):
     seen = asyncio.run(abort_one())
     assert seen[-1].choices[0].finish_reason == "abort"
 
-    m = _samples(http)
-    assert _sum(m, 'decode_server_requests_total{output_mode="text",status="200"}') >= 2
-    assert _sum(m, 'decode_server_requests_total{output_mode="derender",status="200"}') >= 1
-    assert _sum(m, 'decode_server_requests_total{output_mode="text",status="400"}') >= 1
-    assert _sum(m, "decode_server_time_to_first_token_seconds_count") >= 4
-    assert _sum(m, 'decode_server_inter_token_latency_seconds_count{output_mode="tokens"}') > 0
-    assert _sum(m, 'decode_server_aborts_total{cause="abort_endpoint"}') >= 1
-    assert _sum(m, 'decode_server_rejections_total{reason="detokenize_false"}') >= 1
-    assert _sum(m, "decode_server_frontend_cpu_seconds") > 0
-    assert _sum(m, "decode_server_requests_in_flight") == 0
-    assert _sum(m, "vllm:generation_tokens_total") > 0
-    assert _sum(m, "vllm:request_success_total") > 0
+    def requests(mode: str, status: str) -> float:
+        return _metric(http, "decode_server_requests_total", output_mode=mode, status=status)
+
+    assert requests("text", "200") >= 2 and requests("derender", "200") >= 1 and requests("text", "400") >= 1
+    assert _metric(http, "decode_server_time_to_first_token_seconds_count") >= 4
+    # The aborted stream's second chunk brought tokens (the abort went out after it): one sample at least.
+    assert _metric(http, "decode_server_inter_token_latency_seconds_count", output_mode="tokens") > 0
+    assert _metric(http, "decode_server_aborts_total", cause="abort_endpoint") >= 1
+    assert _metric(http, "decode_server_rejections_total", reason="detokenize_false") >= 1
+    assert _metric(http, "decode_server_frontend_cpu_seconds") > 0
+    assert _metric(http, "decode_server_requests_in_flight") == 0
+    assert _metric(http, "vllm:generation_tokens_total", model_name="demo") > 0
+    assert _metric(http, "vllm:request_success_total", finished_reason="stop") > 0
 
 
 def test_one_json_access_line_per_request(prod_server, http):
