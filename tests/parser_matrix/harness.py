@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from tests import chat_cases as cc
 from tests.inprocess import InProcess, serve, vllm_serve
@@ -125,5 +126,8 @@ class Pair:
 
 @contextlib.asynccontextmanager
 async def pair(model_dir: Path, *flags: str) -> AsyncIterator[Pair]:
-    async with vllm_serve(model_dir, *flags) as theirs, serve(model_dir, *flags) as ours:
-        yield Pair(ours, theirs)
+    # vLLM's lifespan freezes the heap for a long-lived server (a full gc.collect, ~1.5 s here);
+    # the matrix opens dozens of short-lived servers in one test process, where it buys nothing.
+    with mock.patch("vllm.entrypoints.launchers.utils.server_utils.freeze_gc_heap", lambda: None):
+        async with vllm_serve(model_dir, *flags) as theirs, serve(model_dir, *flags) as ours:
+            yield Pair(ours, theirs)

@@ -1,0 +1,105 @@
+"""Demo model directories shaped like other model families, for parser tests and demos.
+
+Each family is the demo model (decode_server/tools/demo_model.py: Qwen's BPE, config, ChatML
+template) plus the special tokens that family's reasoning and tool parsers look up in the
+vocabulary, with the `special` flag the family's own tokenizer gives them (a special token is
+dropped from text under skip_special_tokens, so the flag decides what a parser sees). The
+weights stay random: only the vocabulary and template matter to parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from decode_server.tools.demo_model import build_demo_model
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    added: tuple[tuple[str, bool], ...]  # (token, special), appended after the demo's added tokens
+    chat_template: str | None = None  # None: the demo's ChatML template
+    config: dict = field(default_factory=dict)  # config.json overrides
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("qwen3", ()),  # the demo model itself: hermes, qwen3_coder/qwen3_xml, qwen3 reasoning
+        Family(
+            "deepseek_v3",
+            tuple(
+                (t, False)
+                for t in (
+                    "<｜tool▁calls▁begin｜>",
+                    "<｜tool▁calls▁end｜>",
+                    "<｜tool▁call▁begin｜>",
+                    "<｜tool▁call▁end｜>",
+                    "<｜tool▁sep｜>",
+                    "<｜tool▁outputs▁begin｜>",
+                    "<｜tool▁outputs▁end｜>",
+                )
+            ),
+        ),
+        Family(
+            "kimi_k2",
+            tuple(
+                (t, True)
+                for t in (
+                    "<|tool_calls_section_begin|>",
+                    "<|tool_calls_section_end|>",
+                    "<|tool_call_begin|>",
+                    "<|tool_call_argument_begin|>",
+                    "<|tool_call_end|>",
+                )
+            ),
+        ),
+        Family("glm45", tuple((t, False) for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"))),
+        Family("llama3", (("<|python_tag|>", True), ("<|eom_id|>", True))),
+        Family(
+            "seed_oss",
+            tuple((t, False) for t in ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>")),
+        ),
+        Family("minimax_m2", (("<minimax:tool_call>", False), ("</minimax:tool_call>", False))),
+    )
+}
+
+
+def build_family_model(family: str, target: Path) -> Path:
+    """Write `family`'s demo model directory to `target` unless it is already there."""
+    from tokenizers import AddedToken, Tokenizer
+
+    spec = FAMILIES[family]
+    target = Path(target)
+    if (target / "config.json").is_file():
+        return target
+    base = build_demo_model(target.parent / f".demo-base-{target.name}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        for name in ("config.json", "generation_config.json"):
+            shutil.copy(base / name, tmp / name)
+        tok = Tokenizer.from_file(str(base / "tokenizer.json"))
+        first = tok.get_vocab_size()
+        tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in spec.added])
+        for i, (text, _) in enumerate(spec.added):
+            if tok.token_to_id(text) != first + i:
+                raise RuntimeError(f"{family}: {text} did not get a new id (already in the vocabulary?)")
+        tok.save(str(tmp / "tokenizer.json"))
+        config = json.loads((base / "config.json").read_text()) | spec.config
+        if first + len(spec.added) > config["vocab_size"]:
+            raise RuntimeError(f"{family}: the added tokens overflow the embedding size")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        tok_config = json.loads((base / "tokenizer_config.json").read_text())
+        tok_config["additional_special_tokens"] += [t for t, s in spec.added if s]
+        if spec.chat_template is not None:
+            tok_config["chat_template"] = spec.chat_template
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
