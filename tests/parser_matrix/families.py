@@ -1,0 +1,200 @@
+"""Per family: how its model writes reasoning and tool calls (from its chat template and parser),
+and the chat cases every family row runs.
+
+A row is (family tokenizer, tool parser, reasoning parser, format). The format writes the text a
+model of that family would emit; the scripts are that text tokenized with the family's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests import chat_cases as cc
+
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["query"],
+        },
+    },
+}
+TOOLS = [cc.WEATHER, SEARCH]
+# Unicode, quotes, a backslash and a newline: what escaping bugs show on.
+WEATHER_ARGS = {"city": 'Zürich "Altstadt" 東京'}
+SEARCH_ARGS = {"query": "a\\b\nc ✓", "limit": 3}
+
+
+def _xml_params(args: dict[str, Any], open_: str, close: str) -> str:
+    return "".join(f"{open_.format(k=k)}{v if isinstance(v, str) else json.dumps(v)}{close}" for k, v in args.items())
+
+
+@dataclass(frozen=True)
+class Format:
+    think: Callable[[str], str]  # reasoning as the model writes it (the prompt did not open it)
+    calls: Callable[[list[tuple[str, dict[str, Any]]]], str]  # one or more calls, as one block
+
+
+def _think(text: str) -> str:
+    return f"<think>\n{text}\n</think>\n\n"
+
+
+def _each(one: Callable[[str, dict[str, Any], int], str], sep: str = "", head: str = "", tail: str = "") -> Callable:
+    return lambda calls: head + sep.join(one(n, a, i) for i, (n, a) in enumerate(calls)) + tail
+
+
+def _json(args: dict[str, Any]) -> str:
+    return json.dumps(args, ensure_ascii=False)
+
+
+FORMATS: dict[str, Format] = {
+    "hermes": Format(_think, _each(lambda n, a, i: cc.call(n, a), "\n")),
+    "qwen3_coder": Format(
+        _think,
+        _each(
+            lambda n, a, i: f"<tool_call>\n<function={n}>\n"
+            + _xml_params(a, "<parameter={k}>\n", "\n</parameter>\n")
+            + "</function>\n</tool_call>",
+            "\n",
+        ),
+    ),
+    "deepseek_v3": Format(
+        _think,
+        _each(
+            lambda n, a, i: f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{_json(a)}\n```<｜tool▁call▁end｜>",
+            "\n",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+        ),
+    ),
+    "deepseek_v31": Format(
+        _think,
+        _each(
+            lambda n, a, i: f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{_json(a)}<｜tool▁call▁end｜>",
+            "",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+        ),
+    ),
+    "kimi_k2": Format(
+        _think,
+        _each(
+            lambda n, a, i: f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_json(a)}<|tool_call_end|>",
+            "",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+        ),
+    ),
+    "glm45": Format(
+        _think,
+        _each(
+            lambda n, a, i: f"<tool_call>{n}\n"
+            + _xml_params(a, "<arg_key>{k}</arg_key>\n<arg_value>", "</arg_value>\n")
+            + "</tool_call>",
+            "\n",
+        ),
+    ),
+    "glm47": Format(
+        _think,
+        _each(lambda n, a, i: f"<tool_call>{n}" + _xml_params(a, "<arg_key>{k}</arg_key><arg_value>", "</arg_value>") + "</tool_call>"),
+    ),
+    "llama3_json": Format(_think, _each(lambda n, a, i: json.dumps({"name": n, "parameters": a}, ensure_ascii=False), "; ", "<|python_tag|>")),
+    "seed_oss": Format(
+        lambda text: f"<seed:think>{text}</seed:think>",
+        _each(
+            lambda n, a, i: f"<seed:tool_call>\n<function={n}>\n"
+            + _xml_params(a, "<parameter={k}>", "</parameter>\n")
+            + "</function>\n</seed:tool_call>",
+            "",
+        ),
+    ),
+    "minimax_m2": Format(
+        _think,
+        _each(
+            lambda n, a, i: f'<invoke name="{n}">\n' + _xml_params(a, '<parameter name="{k}">', "</parameter>\n") + "</invoke>\n",
+            "",
+            "<minimax:tool_call>\n",
+            "</minimax:tool_call>",
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str  # decode_server/tools/family_tokenizers.py FAMILIES key
+    tool_parser: str | None
+    reasoning_parser: str | None
+    format: str  # FORMATS key
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}:{self.tool_parser or '-'}+{self.reasoning_parser or '-'}"
+
+    @property
+    def flags(self) -> list[str]:
+        flags = ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser] if self.tool_parser else []
+        return flags + (["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else [])
+
+
+ROWS = [
+    Row("qwen3", "hermes", "qwen3", "hermes"),
+    Row("qwen3", "qwen3_coder", "qwen3", "qwen3_coder"),
+    Row("qwen3", "qwen3_xml", "qwen3", "qwen3_coder"),
+    Row("deepseek_v3", "deepseek_v3", "deepseek_r1", "deepseek_v3"),
+    Row("deepseek_v3", "deepseek_v31", "deepseek_v3", "deepseek_v31"),
+    Row("kimi_k2", "kimi_k2", "kimi_k2", "kimi_k2"),
+    Row("glm45", "glm45", "glm45", "glm45"),
+    Row("glm45", "glm47", "glm47", "glm47"),
+    Row("llama3", "llama3_json", None, "llama3_json"),
+    Row("llama3", "llama4_json", None, "llama3_json"),
+    Row("seed_oss", "seed_oss", "seed_oss", "seed_oss"),
+    Row("minimax_m2", "minimax_m2", "minimax_m2", "minimax_m2"),
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    text: str
+    chat: dict[str, Any] = field(default_factory=dict)
+    calls: tuple[str, ...] = ()  # the tool calls vLLM's batch answer must hold: the script is in the family's format
+    # Why our stream deliberately differs from vLLM's (a link into docs/vllm-differences.md);
+    # then the batch answers match and our folded stream equals our batch answer.
+    differs: str | None = None
+
+
+MULTI_TOKEN_CASES = ("reasoning_then_content", "reasoning_then_two_calls", "call_cut_by_length")
+STOP_STRINGS = "vllm-differences.md#derender-stop-string-alignment"
+
+
+def cases(row: Row) -> list[Case]:
+    f = FORMATS[row.format]
+    both = f.calls([("get_weather", WEATHER_ARGS), ("search", SEARCH_ARGS)])
+    one = f.calls([("get_weather", WEATHER_ARGS)])
+    think = f.think("The user wants the weather; I will call the tools.") if row.reasoning_parser else ""
+    out = [Case("reasoning_then_content", (think or "") + "It is sunny in Zürich.")]
+    if row.tool_parser:
+        tools = {"tools": TOOLS}
+        out += [
+            Case("reasoning_then_two_calls", think + both, tools, ("get_weather", "search")),
+            Case("content_around_calls", "Let me check. " + one + " Done.", tools),
+            Case("call_cut_by_length", one, {**tools, "max_tokens": 9}),
+            Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS),
+            Case("tool_choice_required", one, {**tools, "tool_choice": "required"}),
+            Case("tool_choice_named", one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            Case("tool_choice_none", "No tools needed.", {**tools, "tool_choice": "none"}),
+            Case("thinking_off_then_call", one, {**tools, **cc_no_thinking()}, ("get_weather",)),
+        ]
+    return out
+
+
+def cc_no_thinking() -> dict[str, Any]:
+    return {"chat_template_kwargs": {"enable_thinking": False}}

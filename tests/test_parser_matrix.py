@@ -1,0 +1,111 @@
+"""The parser matrix: derender equals vLLM's coupled /v1/chat/completions for every parser vLLM registers.
+
+In process (tests/parser_matrix/harness.py): vLLM's own API server and ours over the same scripted
+engine outputs, so the comparison is exact: each batch message, each streamed delta in order
+(tool-call ids by shape), each finish_reason. Family rows (tests/parser_matrix/families.py) use the
+family's tokenizer and scripts in the family's own format, at --stream-interval 1 with n=1 and
+--stream-interval 4 with n=2. Every other registered parser that constructs on the demo vocabulary
+runs a generic sweep; every one that does not is listed with the error it gives, which is asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from decode_server.tools.family_tokenizers import build_family_model
+from tests import chat_cases as cc
+from tests.parser_matrix import families as fm
+from tests.parser_matrix.coverage import LISTED, SWEEP, registered, sweep_cases
+from tests.parser_matrix.harness import Pair, Side, pair
+from tests.parser_matrix import report
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module", autouse=True)
+def parsers_doc():
+    yield
+    report.write_if_asked(fm.ROWS, SWEEP, LISTED)
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return lambda family: build_family_model(family, root / family)
+
+
+def _assert_parity(ours: Side, theirs: Side, where: str, differs: str | None) -> None:
+    assert ours.batch.keys() == theirs.batch.keys(), where
+    for i in theirs.batch:
+        assert ours.batch[i] == theirs.batch[i], (where, "batch", i)
+        if differs is None:
+            assert ours.stream[i] == theirs.stream[i], (where, "stream", i)
+        else:
+            assert ours.stream_finish(i) == theirs.stream_finish(i), (where, "finish", i)
+
+
+def _stream_equals_batch(side: Side, i: int) -> bool:
+    return cc.without_ids(side.folded(i)) == cc.without_ids(side.batch_folded(i))
+
+
+async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> None:
+    script = p.tokenizer.encode(case.text, add_special_tokens=False)
+    ours, theirs = await p.compare({**case.chat, "n": n}, script)
+    where = f"{row_id} {case.name} n={n} interval={interval}"
+    if case.calls:
+        names = tuple(tc["function"]["name"] for tc in theirs.batch[0][0].get("tool_calls") or [])
+        assert names == case.calls, f"{where}: vLLM did not parse the script as the family's calls: {theirs.batch[0][0]}"
+    _assert_parity(ours, theirs, where, case.differs)
+    for i in ours.batch:
+        if not _stream_equals_batch(ours, i):
+            # Beyond vLLM: the folded stream is the batch answer, unless vLLM's own chat differs
+            # there too (then parity wins, and docs/parsers.md records the case).
+            assert not _stream_equals_batch(theirs, i), f"{where}: our stream and batch differ where vLLM's agree"
+            report.record(row_id, case.name, ours.folded(i), ours.batch_folded(i))
+
+
+@pytest.mark.parametrize("interval,n", [(1, 1), (4, 2)], ids=["interval1-n1", "interval4-n2"])
+@pytest.mark.parametrize("row", fm.ROWS, ids=lambda r: r.id)
+async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: int, n: int):
+    async with pair(family_dir(row.family), *row.flags, "--stream-interval", str(interval)) as p:
+        for case in fm.cases(row):
+            # Multi-token deltas and n=2 on the cases where the markup spans deltas; the rest once.
+            if interval == 1 or case.name in fm.MULTI_TOKEN_CASES:
+                await _run(p, row.id, case, n, interval)
+    report.passed(row.id, f"interval{interval}-n{n}")
+
+
+@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
+async def test_sweep_parser_matches_vllms_chat(family_dir, config):
+    tool, reasoning = config
+    flags = (["--enable-auto-tool-choice", "--tool-call-parser", tool] if tool else []) + (
+        ["--reasoning-parser", reasoning] if reasoning else []
+    )
+    async with pair(family_dir("qwen3"), *flags) as p:
+        for case in sweep_cases(tool is not None):
+            await _run(p, f"demo:{tool or '-'}+{reasoning or '-'}", case, 1, 1)
+    report.passed(f"demo:{tool or '-'}+{reasoning or '-'}", "sweep")
+
+
+def test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason():
+    tools, reasonings = registered()
+    in_rows = {("tool", r.tool_parser) for r in fm.ROWS} | {("reasoning", r.reasoning_parser) for r in fm.ROWS}
+    in_sweep = {("tool", t) for t, _ in SWEEP} | {("reasoning", r) for _, r in SWEEP}
+    for kind, names in (("tool", tools), ("reasoning", reasonings)):
+        for name in names:
+            assert (kind, name) in in_rows | in_sweep | set(LISTED), f"{kind} parser {name!r} is neither in the matrix nor listed"
+    stale = [k for k in LISTED if k[1] not in (tools if k[0] == "tool" else reasonings)]
+    assert not stale, f"listed but no longer registered: {stale}"
+
+
+@pytest.mark.parametrize("key", sorted(LISTED), ids=lambda k: f"{k[0]}:{k[1]}")
+def test_a_listed_parser_still_fails_with_its_reason(family_dir, key):
+    from vllm.parser import ParserManager
+    from vllm.tokenizers import get_tokenizer
+
+    kind, name = key
+    expected = LISTED[key]
+    kw = {"tool_parser_name": name, "enable_auto_tools": True} if kind == "tool" else {"reasoning_parser_name": name}
+    with pytest.raises(Exception) as failure:
+        ParserManager.get_parser(model_name="demo", tokenizer=get_tokenizer(str(family_dir("qwen3"))), **kw)
+    assert expected in str(failure.value), str(failure.value)
