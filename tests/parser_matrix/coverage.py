@@ -39,7 +39,8 @@ def _sweep() -> list[tuple[str | None, str | None]]:
     """The registered parsers no family row runs and LISTED does not name, paired tool with
     reasoning so each pair of servers covers two parsers."""
     tools, reasonings = registered()
-    in_rows = {r.tool_parser for r in fm.ROWS}, {r.reasoning_parser for r in fm.ROWS}
+    rows = [*fm.ROWS, *fm.OPEN]
+    in_rows = {r.tool_parser for r in rows}, {r.reasoning_parser for r in rows}
     t = [n for n in tools if n not in in_rows[0] and ("tool", n) not in LISTED]
     r = [n for n in reasonings if n not in in_rows[1] and ("reasoning", n) not in LISTED]
     width = max(len(t), len(r))
