@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,11 +42,19 @@ _parser: argparse.ArgumentParser | None = None
 _vllm_parser: argparse.ArgumentParser | None = None
 
 
+def _own_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with its own copy of every default. A parser's default is one object shared by every
+    parse, and vLLM mutates some in place (create_engine_config writes --reasoning-parser into the
+    default StructuredOutputsConfig): with one parser reused across servers, a server started
+    without --reasoning-parser would get the previous one's."""
+    return argparse.Namespace(**copy.deepcopy(vars(args)))
+
+
 def serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
     """`decode-server serve MODEL *ENGINE_FLAGS *flags`, parsed and checked as `cli.serve` does."""
     global _parser
     _parser = _parser or build_parser()  # vLLM's parser takes seconds to build; parsing is cheap
-    args = _parser.parse_args(["serve", str(model_dir), *ENGINE_FLAGS, *flags])
+    args = _own_defaults(_parser.parse_args(["serve", str(model_dir), *ENGINE_FLAGS, *flags]))
     args.model = args.model_tag
     cli_args().validate_parsed_serve_args(args)
     if (args.api_server_count or 1) > 1:
@@ -140,7 +149,7 @@ def vllm_serve_args(model_dir: Path, *flags: str) -> argparse.Namespace:
 
     global _vllm_parser
     _vllm_parser = _vllm_parser or cli_args().make_arg_parser(FlexibleArgumentParser())
-    args = _vllm_parser.parse_args(["--model", str(model_dir), "--enable-scale-out", *ENGINE_FLAGS, *flags])
+    args = _own_defaults(_vllm_parser.parse_args(["--model", str(model_dir), "--enable-scale-out", *ENGINE_FLAGS, *flags]))
     cli_args().validate_parsed_serve_args(args)
     return args
 
@@ -156,7 +165,11 @@ async def vllm_serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
     from vllm.entrypoints.launchers.app import build_app as build_vllm_app
 
     args = vllm_serve_args(model_dir, *flags)
-    llm = ScriptedAsyncLLM(engine_setup(AsyncEngineArgs.from_cli_args(args)))
+    built = AsyncEngineArgs.from_cli_args(args)
+    llm = ScriptedAsyncLLM(engine_setup(built))
+    # `vllm serve` builds the engine config from these args, which writes --reasoning-parser into
+    # args.structured_outputs_config, where its chat serving reads it; a cached setup skipped that.
+    built.create_structured_outputs_config()
     tasks = await llm.get_supported_tasks()
     app = build_vllm_app(args, tasks, llm.model_config)
     try:

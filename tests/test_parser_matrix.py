@@ -10,8 +10,6 @@ runs a generic sweep; every one that does not is listed with the error it gives,
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from decode_server.tools.family_tokenizers import build_family_model
@@ -31,9 +29,11 @@ def parsers_doc():
 
 
 @pytest.fixture(scope="session")
-def family_dir(tmp_path_factory):
+def family_dir(tmp_path_factory, demo_model):
+    # The session's demo model is the qwen3 family and every family's base: in-process servers on
+    # it share their tokenizer with the suite's other in-process tests.
     root = tmp_path_factory.mktemp("families")
-    return lambda family: build_family_model(family, root / family)
+    return lambda family: build_family_model(family, root / family, demo_model)
 
 
 @pytest.fixture(scope="module")
@@ -73,24 +73,15 @@ async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> No
             report.record(row_id, case.name, ours.folded(i), ours.batch_folded(i))
 
 
-# The default run (the suite's budget): every row at interval 1 with n=1 over all its cases, and
-# interval 4 with n=2 (multi-token deltas, two choices) on the cases where markup spans deltas, for
-# the rows in INTERVAL4_ROWS; each configuration is one pair of servers, the cost that counts.
-# PARSER_MATRIX=full adds interval 4 for every row and the parity sweep over the other parsers.
-FULL = os.environ.get("PARSER_MATRIX") == "full"
-INTERVAL4_ROWS = ("qwen3:hermes+qwen3",)
-# The cases where families' markup differs most (calls split over deltas, a cut call, a stop inside
-# the markup); PARSER_MATRIX=full runs every case of fm.cases.
-DEFAULT_CASES = ("reasoning_then_two_calls", "content_around_calls", "call_cut_by_length", "stop_string_inside_markup")
-CONFIGS = [(row, 1, 1) for row in fm.ROWS] + [(row, 4, 2) for row in fm.ROWS if FULL or row.id in INTERVAL4_ROWS]
+# Every row at interval 1 with n=1 on every case, and at interval 4 with n=2 (multi-token deltas,
+# two choices) on the cases where markup spans deltas. A configuration is one pair of servers.
+CONFIGS = [(row, 1, 1) for row in fm.ROWS] + [(row, 4, 2) for row in fm.ROWS]
 
 
 @pytest.mark.parametrize("row,interval,n", CONFIGS, ids=lambda v: v.id if isinstance(v, fm.Row) else str(v))
 async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: int, n: int):
     async with pair(family_dir(row.family), *row.flags, "--stream-interval", str(interval)) as p:
         for case in fm.cases(row):
-            if not FULL and case.name not in DEFAULT_CASES:
-                continue
             if interval == 1 or case.name in fm.MULTI_TOKEN_CASES:
                 await _run(p, row.id, case, n, interval)
     report.passed(row.id, f"interval{interval}-n{n}")
@@ -102,21 +93,6 @@ def _flags(tool: str | None, reasoning: str | None) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
-def test_sweep_parser_constructs_on_the_demo_vocabulary(demo_tokenizer, config):
-    """What a start-up with these flags builds: vLLM's composed parser over the demo tokenizer."""
-    from vllm.parser import ParserManager
-
-    tool, reasoning = config
-    kw = ({"tool_parser_name": tool, "enable_auto_tools": True} if tool else {}) | (
-        {"reasoning_parser_name": reasoning} if reasoning else {}
-    )
-    parser = ParserManager.get_parser(model_name="demo", tokenizer=demo_tokenizer, **kw)
-    assert parser is not None, config
-    report.passed(f"demo:{tool or '-'}+{reasoning or '-'}", "constructs")
-
-
-@pytest.mark.skipif(not FULL, reason="one pair of servers per sweep configuration: PARSER_MATRIX=full")
 @pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
 async def test_sweep_parser_matches_vllms_chat(family_dir, config):
     tool, reasoning = config
