@@ -4,15 +4,13 @@ differences docs/vllm-differences.md lists for 0.33 (the ids in `ALLOWED_033`)."
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from tests.differential_corpus import CORPUS, Case
-from tests.inprocess import serve, vllm_serve
-from tests.servers import PARSER_FLAGS
-from tests.test_vllm_differential import ALLOWED, Entry, Result, _send, classify, compare, facts, report
+from tests.test_vllm_differential import ALLOWED, Entry, Result, _send, compare, facts, report
+from tests.vllm033.pair import Pair
 
 # The 0.32 list's entries that still hold on 0.33, and 0.33's own.
 _STILL = {"chat-request-outside-derender", "multimodal-fail-loud", "any-content-type", "x-request-id-echo",
@@ -24,18 +22,14 @@ ALLOWED_033: list[Entry] = [e for e in ALLOWED if e.id in _STILL] + [
 ]
 
 
-async def _answers(demo_model) -> dict[str, tuple[Result, Result]]:
-    out: dict[str, tuple[Result, Result]] = {}
-    async with serve(demo_model, *PARSER_FLAGS) as ours, vllm_serve(demo_model, *PARSER_FLAGS) as theirs:
-        for case in CORPUS:
-            out[case.id] = (await _send(ours.client, "", case), await _send(theirs.client, "", case))
-    return out
+async def _answers(pair: Pair) -> dict[str, tuple[Result, Result]]:
+    return {case.id: (await _send(pair.ours.client, "", case), await _send(pair.theirs.client, "", case)) for case in CORPUS}
 
 
 @pytest.fixture(scope="module")
-def outcomes(demo_model):
+def outcomes(pair):
     started = time.monotonic()
-    answers = asyncio.run(_answers(demo_model))
+    answers = pair.run(_answers(pair))
     print(f"\n{len(CORPUS)} corpus cases against both apps in {time.monotonic() - started:.1f} s")
     return {case.id: (answers[case.id], _classified(case, *answers[case.id])) for case in CORPUS}
 
