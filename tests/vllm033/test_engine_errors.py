@@ -72,6 +72,8 @@ def _answered_alike(level: str, stream: bool, case: Case, ours: Result, theirs: 
         return
     items = classified(case, ours, theirs)
     assert all(e is not None for _, e in items), report(case, ours, theirs, items)
+    if stream and ours.kind == "json":
+        assert [e.id for _, e in items] == ["stream-refused-before-first-chunk"], report(case, ours, theirs, items)
     assert (ours.error if ours.kind == "json" else _errors(ours)[0]) == error, ours.text
     assert (theirs.error if theirs.kind == "json" else _errors(theirs)[0]) == error, theirs.text
 
