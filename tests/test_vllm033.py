@@ -21,7 +21,14 @@ def test_the_vllm_033_tier_passes_on_vllm_033s_modules():
         paths = vllm_wheel.ensure()
     except vllm_wheel.WheelUnavailable as e:
         pytest.fail(f"vLLM {vllm_wheel.VERSION}'s wheel is needed for this tier: {e}", pytrace=False)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]), "VLLM_TARGET_DEVICE": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]),
+        "VLLM_TARGET_DEVICE": "cpu",
+        # vLLM keys its model-class cache by class name, not version: a cache shared with 0.32 is
+        # stale for each line in turn, and a miss inspects the class in a subprocess (~10 s).
+        "VLLM_CACHE_ROOT": str(vllm_wheel.CACHE / "vllm-cache-root"),
+    }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/vllm033", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,

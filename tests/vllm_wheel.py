@@ -2,13 +2,14 @@
 
 `ensure(cache)` downloads `vllm==0.33.0` (no deps, binary only) into `cache/wheels` unless a wheel
 is there, unpacks its `vllm/` package into `cache/vllm` without `.so` files, the `vllm-rs` binary
-and C/C++/CUDA sources (re-unpacked when the wheel changes), puts `orjson` (0.33 needs it; the CPU
+and C/C++/CUDA sources (re-unpacked when the wheel changes), byte-compiles it once, puts `orjson` (0.33 needs it; the CPU
 build does not) into `cache/extra` unless importable, and returns the PYTHONPATH entries.
 Raises `WheelUnavailable` with the reason when the wheel cannot be had.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import shutil
@@ -68,6 +69,18 @@ def _unpacked(wheel: Path, cache: Path) -> Path:
     return dest
 
 
+def _compiled(dest: Path) -> Path:
+    """Byte-compiled once: a run under PYTHONDONTWRITEBYTECODE would compile the ~700 modules it
+    imports on every start (seconds)."""
+    marker = dest / ".byte-compiled"
+    if marker.is_file():
+        return dest
+    if not compileall.compile_dir(dest / "vllm", quiet=1):
+        raise WheelUnavailable(f"cannot byte-compile vLLM {VERSION}'s modules in {dest}")
+    marker.touch()
+    return dest
+
+
 def _extra(cache: Path) -> Path:
     extra = cache / "extra"
     if (extra / "orjson").is_dir() or subprocess.run([sys.executable, "-c", "import orjson"], capture_output=True).returncode == 0:
@@ -81,4 +94,4 @@ def _extra(cache: Path) -> Path:
 
 def ensure(cache: Path = CACHE) -> list[str]:
     """PYTHONPATH entries that make `import vllm` vLLM 0.33's modules."""
-    return [str(_unpacked(_wheel(cache), cache)), str(_extra(cache))]
+    return [str(_compiled(_unpacked(_wheel(cache), cache))), str(_extra(cache))]

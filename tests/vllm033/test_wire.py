@@ -1,52 +1,53 @@
 """On vLLM 0.33's modules: our app and 0.33's own API server, in process over the same scripted
-engine outputs, answer the differential corpus alike, batch and stream, every level, except the
-differences docs/vllm-differences.md lists for 0.33 (the ids in `ALLOWED_033`)."""
+engine outputs, answer the differential corpus and the 0.33 cases (`tests/vllm033/cases.py`)
+alike, batch and stream, every level, except the differences docs/vllm-differences.md lists for
+0.33 (the ids in `tests/vllm033/allowed.py`)."""
 
 from __future__ import annotations
 
-import asyncio
+import re
 import time
 
 import pytest
 
-from tests.differential_corpus import CORPUS, Case
-from tests.inprocess import serve, vllm_serve
-from tests.servers import PARSER_FLAGS
-from tests.test_vllm_differential import ALLOWED, Entry, Result, _send, classify, compare, facts, report
+from tests.differential_corpus import CORPUS
+from tests.test_vllm_differential import DOC, Result, _send, report
+from tests.vllm033.allowed import ALLOWED_033, classified
+from tests.vllm033.cases import CASES_033
+from tests.vllm033.pair import Pair
 
-# The 0.32 list's entries that still hold on 0.33, and 0.33's own.
-_STILL = {"chat-request-outside-derender", "multimodal-fail-loud", "any-content-type", "x-request-id-echo",
-          "bounded-request-ids", "minimal-body", "strict-booleans-and-ids", "first-of-several-errors"}
-ALLOWED_033: list[Entry] = [e for e in ALLOWED if e.id in _STILL] + [
-    Entry("derender-stream", "a derender stream is served (vLLM 0.33: 400 'does not support stream=true')",
-          lambda c, f, d, a, b: "derender" in f and c.body.get("stream") is True and d.where == "status"
-          and d.ours == 200 and d.theirs == 400 and "does not support stream=true" in b.message),
-]
+CASES = [*CORPUS, *CASES_033]
 
 
-async def _answers(demo_model) -> dict[str, tuple[Result, Result]]:
-    out: dict[str, tuple[Result, Result]] = {}
-    async with serve(demo_model, *PARSER_FLAGS) as ours, vllm_serve(demo_model, *PARSER_FLAGS) as theirs:
-        for case in CORPUS:
-            out[case.id] = (await _send(ours.client, "", case), await _send(theirs.client, "", case))
-    return out
+async def _answers(pair: Pair) -> dict[str, tuple[Result, Result]]:
+    return {case.id: (await _send(pair.ours.client, "", case), await _send(pair.theirs.client, "", case)) for case in CASES}
 
 
 @pytest.fixture(scope="module")
-def outcomes(demo_model):
+def outcomes(pair):
     started = time.monotonic()
-    answers = asyncio.run(_answers(demo_model))
-    print(f"\n{len(CORPUS)} corpus cases against both apps in {time.monotonic() - started:.1f} s")
-    return {case.id: (answers[case.id], _classified(case, *answers[case.id])) for case in CORPUS}
+    answers = pair.run(_answers(pair))
+    print(f"\n{len(CASES)} cases against both apps in {time.monotonic() - started:.1f} s")
+    return {case.id: (answers[case.id], classified(case, *answers[case.id])) for case in CASES}
 
 
-def _classified(case: Case, a: Result, b: Result):
-    f = facts(case)
-    return [(d, next((e for e in ALLOWED_033 if e.match(case, f, d, a, b)), None)) for d in compare(case, a, b)]
-
-
-@pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_answer_equals_vllm_033s_or_a_listed_difference(case, outcomes):
     (a, b), items = outcomes[case.id]
     if any(e is None for _, e in items):
         pytest.fail(report(case, a, b, items), pytrace=False)
+
+
+# Entries whose requests another module sends (with the divergence asserted there).
+EXERCISED_ELSEWHERE = {"stream-refused-before-first-chunk": "tests/vllm033/test_engine_errors.py"}
+
+
+def test_every_entry_is_still_needed(outcomes):
+    used = {e.id for _, items in outcomes.values() for _, e in items if e is not None}
+    assert not {e.id for e in ALLOWED_033} - used - set(EXERCISED_ELSEWHERE), "entries no request needs: drop them"
+
+
+def test_every_entry_is_in_the_docs_033_section():
+    section = DOC.read_text().split("\n## On vLLM 0.33", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"\{#([a-z0-9-]+)\}", section)) | set(re.findall(r"\(#([a-z0-9-]+)\)", section))
+    assert not {e.id for e in ALLOWED_033} - named, f"not in docs/vllm-differences.md's 0.33 section: {sorted({e.id for e in ALLOWED_033} - named)}"
