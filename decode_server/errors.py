@@ -79,7 +79,9 @@ def describe(e: BaseException) -> ServerError:
         return engine_dead()
     if isinstance(e, EngineGenerationError):
         return ServerError("Internal server error", status=500, reason="engine")
-    if isinstance(e, VLLMError):
+    # NotImplementedError: what vLLM's parsers raise where they only work elsewhere (the `openai`
+    # tool parser outside harmony); vLLM answers it 501 with the parser's message.
+    if isinstance(e, (VLLMError, NotImplementedError)):
         info = create_error_response(e).error
         reason = "engine_validation" if info.code < 500 else "engine_overload" if info.code == 503 else "engine"
         return ServerError(info.message, status=info.code, param=info.param, reason=reason, error_type=info.type)

@@ -10,10 +10,19 @@ runs a generic sweep; every one that does not is listed with the error it gives,
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from decode_server.tools.family_tokenizers import build_family_model
+from decode_server.tools.harmony_model import CACHE_SUBDIR as HARMONY_CACHE_SUBDIR
+from decode_server.tools.harmony_model import build_harmony_model
 from tests import chat_cases as cc
+from tests import o200k
+from tests.inprocess import serve_args
+from decode_server.process.cli import server_config
+from decode_server.process.parser_check import parser_refusal
 from tests.parser_matrix import families as fm
 from tests.parser_matrix.coverage import LISTED, SWEEP, registered, sweep_cases
 from tests.parser_matrix.harness import Pair, Side, pair
@@ -33,7 +42,21 @@ def family_dir(tmp_path_factory, demo_model):
     # The session's demo model is the qwen3 family and every family's base: in-process servers on
     # it share their tokenizer with the suite's other in-process tests.
     root = tmp_path_factory.mktemp("families")
-    return lambda family: build_family_model(family, root / family, demo_model)
+    saved = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
+
+    def build(family: str) -> Path:
+        if family != "gpt_oss":
+            return build_family_model(family, root / family, demo_model)
+        # openai_harmony reads o200k from here; the model is cached next to it (built in ~15 s).
+        vocabulary = o200k.ensure()
+        os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(vocabulary)
+        return build_harmony_model(vocabulary / HARMONY_CACHE_SUBDIR, vocabulary / o200k.FILE)
+
+    yield build
+    if saved is None:
+        os.environ.pop("TIKTOKEN_ENCODINGS_BASE", None)
+    else:
+        os.environ["TIKTOKEN_ENCODINGS_BASE"] = saved
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +107,7 @@ async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: 
         for case in fm.cases(row):
             if interval == 1 or case.name in fm.MULTI_TOKEN_CASES:
                 await _run(p, row.id, case, n, interval)
+        report.composed(row.id, p.vllm.app.state.openai_serving_chat.parser_cls)
     report.passed(row.id, f"interval{interval}-n{n}")
 
 
@@ -99,6 +123,7 @@ async def test_sweep_parser_matches_vllms_chat(family_dir, config):
     async with pair(family_dir("qwen3"), *_flags(tool, reasoning)) as p:
         for case in sweep_cases(tool is not None):
             await _run(p, f"demo:{tool or '-'}+{reasoning or '-'}", case, 1, 1)
+        report.composed(f"demo:{tool or '-'}+{reasoning or '-'}", p.vllm.app.state.openai_serving_chat.parser_cls)
     report.passed(f"demo:{tool or '-'}+{reasoning or '-'}", "sweep")
 
 
@@ -115,12 +140,12 @@ def test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason():
 
 
 @pytest.mark.parametrize("key", sorted(LISTED), ids=lambda k: f"{k[0]}:{k[1]}")
-def test_a_listed_parser_still_fails_with_its_reason(demo_tokenizer, key):
-    from vllm.parser import ParserManager
-
+def test_a_listed_parser_is_refused_at_start_up_with_its_reason(family_dir, demo_tokenizer, key):
+    """What `decode-server serve` says before starting an engine: one line, the flag and vLLM's reason."""
     kind, name = key
-    expected = LISTED[key]
-    kw = {"tool_parser_name": name, "enable_auto_tools": True} if kind == "tool" else {"reasoning_parser_name": name}
-    with pytest.raises(Exception) as failure:
-        ParserManager.get_parser(model_name="demo", tokenizer=demo_tokenizer, **kw)
-    assert expected in str(failure.value), str(failure.value)
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser", name] if kind == "tool" else ["--reasoning-parser", name]
+    args = serve_args(family_dir("qwen3"), *flags)
+    refusal = parser_refusal(args, server_config(args).derender, demo_tokenizer)
+    assert refusal is not None and "\n" not in refusal, refusal
+    assert f"--{'tool-call' if kind == 'tool' else 'reasoning'}-parser {name}" in refusal, refusal
+    assert LISTED[key] in refusal, refusal

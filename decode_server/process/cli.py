@@ -144,6 +144,7 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     from decode_server.http.app import build_app
     from decode_server.runtime.engine import Engine
     from decode_server.process.frontend_flags import log_flags_without_meaning
+    from decode_server.process.parser_check import parser_refusal
     from decode_server.process.server import Lifecycle, run, uvicorn_config
 
     if args.model_tag is not None:
@@ -157,15 +158,25 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
         ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     configure_logging((getattr(args, "log_level", None) or "info").lower(), args.log_format)
     log_flags_without_meaning(args, parser_defaults)
+    refusal = parser_refusal(args, server_config(args).derender)
+    if refusal:
+        print(f"decode-server: {refusal}", file=sys.stderr)
+        return 2  # as argparse's own refusal of a flag
     if (args.api_server_count or 1) > 1:
         from decode_server.process.scale_out import serve as serve_scaled_out
 
         return serve_scaled_out(args, server_config(args), args.log_format)
+    config = server_config(args)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
-    config = server_config(args)
     app = build_app(lambda: Engine.start(engine_args, tokens_only=args.tokens_only), config, lifecycle)
     return run(uvicorn_config(app, args, config), lifecycle)
+
+
+def serve_defaults(parser: argparse.ArgumentParser) -> dict:
+    """Each `serve` flag's default, by destination (what `serve` compares the parsed args with)."""
+    serve_parser = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    return {a.dest: a.default for a in serve_parser._actions}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,9 +197,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(build_demo_model(args.dir))
         return
-    serve_parser = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-    defaults = {a.dest: a.default for a in serve_parser._actions}
-    sys.exit(serve(args, defaults))
+    sys.exit(serve(args, serve_defaults(parser)))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -224,32 +225,38 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build_demo_model(target: Path) -> Path:
-    """Write the demo model to ``target`` unless it is already there.
-
-    Files are written to a sibling temp dir which is then renamed into place,
-    so ``target`` either does not exist or is complete, even with concurrent
-    builders or a crash mid-build.
-    """
+def write_model_dir(target: Path, write: Callable[[Path], None]) -> Path:
+    """`write(tmp)` into a sibling temp dir renamed to ``target``, unless ``target`` is already a
+    model directory: ``target`` either does not exist or is complete, even with concurrent
+    builders or a crash mid-build."""
     target = Path(target)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _write_json(tmp / "config.json", _config())
-        _write_json(tmp / "generation_config.json", _generation_config())
-        _write_json(tmp / "tokenizer_config.json", _tokenizer_config())
-        _build_tokenizer().save(str(tmp / "tokenizer.json"))
+        write(tmp)
         try:
             os.rename(tmp, target)  # also replaces an empty directory
         except OSError as e:
             if not (target / "config.json").is_file():
-                raise FileExistsError(f"{target} exists and is not a demo model") from e
+                raise FileExistsError(f"{target} exists and is not a model directory") from e
             # Another builder won the race; its result is just as good.
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _write_demo(tmp: Path) -> None:
+    _write_json(tmp / "config.json", _config())
+    _write_json(tmp / "generation_config.json", _generation_config())
+    _write_json(tmp / "tokenizer_config.json", _tokenizer_config())
+    _build_tokenizer().save(str(tmp / "tokenizer.json"))
+
+
+def build_demo_model(target: Path) -> Path:
+    """Write the demo model to ``target`` unless it is already there."""
+    return write_model_dir(target, _write_demo)
 
 
 def demo_model_dir() -> Path:

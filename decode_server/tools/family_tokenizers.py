@@ -17,11 +17,10 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decode_server.tools.demo_model import build_demo_model
+from decode_server.tools.demo_model import build_demo_model, write_model_dir
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,8 @@ FAMILIES: dict[str, Family] = {
             tuple((t, False) for t in ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>")),
         ),
         Family("minimax_m2", (("<minimax:tool_call>", False), ("</minimax:tool_call>", False))),
+        # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
+        Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
     )
 }
 
@@ -94,37 +95,32 @@ def _truncated(base: Path) -> "Tokenizer":  # noqa: F821
 def build_family_model(family: str, target: Path, base: Path | None = None) -> Path:
     """Write `family`'s demo model directory to `target` unless it is already there; `base` is a
     demo model directory to start from (built next to `target` when not given)."""
-    from tokenizers import AddedToken
-
     spec = FAMILIES[family]
     if spec == Family(family, ()):
         return base or build_demo_model(target)  # the demo model itself, full merges
-    target = Path(target)
-    if (target / "config.json").is_file():
-        return target
-    base = base or build_demo_model(target.parent / ".demo-base")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        for name in ("config.json", "generation_config.json"):
-            shutil.copy(base / name, tmp / name)
-        tok = _truncated(base)
-        first = tok.get_vocab_size()
-        tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in spec.added])
-        for i, (text, _) in enumerate(spec.added):
-            if tok.token_to_id(text) != first + i:
-                raise RuntimeError(f"{family}: {text} did not get a new id (already in the vocabulary?)")
-        tok.save(str(tmp / "tokenizer.json"))
-        config = json.loads((base / "config.json").read_text()) | spec.config
-        if first + len(spec.added) > config["vocab_size"]:
-            raise RuntimeError(f"{family}: the added tokens overflow the embedding size")
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        tok_config = json.loads((base / "tokenizer_config.json").read_text())
-        tok_config["additional_special_tokens"] += [t for t, s in spec.added if s]
-        if spec.chat_template is not None:
-            tok_config["chat_template"] = spec.chat_template
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    if (Path(target) / "config.json").is_file():
+        return Path(target)
+    base = base or build_demo_model(Path(target).parent / ".demo-base")
+    return write_model_dir(target, lambda tmp: _write_family(spec, Path(base), tmp))
+
+
+def _write_family(spec: Family, base: Path, tmp: Path) -> None:
+    from tokenizers import AddedToken
+
+    shutil.copy(base / "generation_config.json", tmp / "generation_config.json")
+    tok = _truncated(base)
+    first = tok.get_vocab_size()
+    tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in spec.added])
+    for i, (text, _) in enumerate(spec.added):
+        if tok.token_to_id(text) != first + i:
+            raise RuntimeError(f"{spec.name}: {text} did not get a new id (already in the vocabulary?)")
+    tok.save(str(tmp / "tokenizer.json"))
+    config = json.loads((base / "config.json").read_text()) | spec.config
+    if first + len(spec.added) > config["vocab_size"]:
+        raise RuntimeError(f"{spec.name}: the added tokens overflow the embedding size")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tok_config = json.loads((base / "tokenizer_config.json").read_text())
+    tok_config["additional_special_tokens"] += [t for t, s in spec.added if s]
+    if spec.chat_template is not None:
+        tok_config["chat_template"] = spec.chat_template
+    (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")

@@ -20,8 +20,6 @@ LISTED: dict[tuple[str, str], str] = {
     ("tool", "hy_v4"): "could not locate tool call start/end tokens",
     ("tool", "jamba"): "could not locate tool calls start/end tokens",
     ("tool", "lfm2"): "could not locate <|tool_call_start|>/<|tool_call_end|> tokens",
-    ("tool", "mistral"): "could not locate the tool call token",
-    ("reasoning", "mistral"): "could not locate the tool call token",
     ("reasoning", "k2_horizon"): "could not locate think start/end tokens",
     ("reasoning", "minimax_m3"): "could not locate think start/end tokens",
     ("reasoning", "poolside_v1"): "Tokenizer must contain '<assistant>' token",

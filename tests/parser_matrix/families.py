@@ -36,10 +36,18 @@ def _xml_params(args: dict[str, Any], open_: str, close: str) -> str:
     return "".join(f"{open_.format(k=k)}{v if isinstance(v, str) else json.dumps(v)}{close}" for k, v in args.items())
 
 
+def _same(text: str) -> str:
+    return text
+
+
 @dataclass(frozen=True)
 class Format:
     think: Callable[[str], str]  # reasoning as the model writes it (the prompt did not open it)
     calls: Callable[[list[tuple[str, dict[str, Any]]]], str]  # one or more calls, as one block
+    content: Callable[[str], str] = _same  # the answer, where it is not plain text
+    preamble: Callable[[str], str] = lambda text: text + " "  # content written before calls
+    after_calls: Callable[[str], str] = lambda text: " " + text  # content after calls ("" if a call ends the turn)
+    calls_per_turn: int = 2
 
 
 def _think(text: str) -> str:
@@ -115,6 +123,19 @@ FORMATS: dict[str, Format] = {
             "",
         ),
     ),
+    "mistral": Format(
+        lambda text: f"[THINK]{text}[/THINK]",
+        _each(lambda n, a, i: f"[TOOL_CALLS]{n}[ARGS]{_json(a)}"),
+    ),
+    # gpt-oss (harmony): every message in a channel; a call ends the turn (<|call|> is a stop token).
+    "harmony": Format(
+        lambda text: f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant",
+        _each(lambda n, a, i: f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{_json(a)}<|call|>"),
+        content=lambda text: f"<|channel|>final<|message|>{text}",
+        preamble=lambda text: f"<|channel|>commentary<|message|>{text}<|end|><|start|>assistant",
+        after_calls=lambda text: "",
+        calls_per_turn=1,
+    ),
     "minimax_m2": Format(
         _think,
         _each(
@@ -160,14 +181,14 @@ ROWS = [
     Row("minimax_m2", "minimax_m2", "minimax_m2", "minimax_m2"),
     Row("llama3", "llama3_json", None, "llama3_json"),
     Row("llama3", "llama4_json", None, "llama3_json"),
+    Row("mistral", "mistral", "mistral", "mistral"),
+    # vLLM picks HarmonyParser for a gpt_oss model whatever the flags; these are the flags it documents.
+    Row("gpt_oss", "openai", "openai_gptoss", "harmony", thinking_switch=False),
 ]
 
 # Rows that do not pass yet, with what was observed (docs/parsers.md, "Open"). Counted as covered
 # by the registry check only because the reason is written here; they are not run.
-OPEN: dict[Row, str] = {
-    Row("gpt_oss", "openai", "openai_gptoss", "harmony"): "gpt-oss parses only in the harmony format, which needs the "
-    "o200k vocabulary (not built yet); on any other model vLLM's `openai` tool parser is a stub that answers 501",
-}
+OPEN: dict[Row, str] = {}
 
 
 @dataclass(frozen=True)
@@ -187,20 +208,21 @@ STOP_STRINGS = "vllm-differences.md#derender-stop-string-alignment"
 
 def cases(row: Row) -> list[Case]:
     f = FORMATS[row.format]
-    both = f.calls([("get_weather", WEATHER_ARGS), ("search", SEARCH_ARGS)])
+    several = [("get_weather", WEATHER_ARGS), ("search", SEARCH_ARGS)][: f.calls_per_turn]
+    both = f.calls(several)
     one = f.calls([("get_weather", WEATHER_ARGS)])
     think = f.think("The user wants the weather; I will call the tools.") if row.reasoning_parser else ""
-    out = [Case("reasoning_then_content", (think or "") + "It is sunny in Zürich.")]
+    out = [Case("reasoning_then_content", (think or "") + f.content("It is sunny in Zürich."))]
     if row.tool_parser:
         tools = {"tools": TOOLS}
         out += [
-            Case("reasoning_then_two_calls", think + both, tools, ("get_weather", "search")),
-            Case("content_around_calls", "Let me check. " + one + " Done.", tools),
+            Case("reasoning_then_two_calls", think + both, tools, tuple(n for n, _ in several)),
+            Case("content_around_calls", f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
             Case("call_cut_by_length", one, {**tools, "max_tokens": 9}),
             Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS),
             Case("tool_choice_required", one, {**tools, "tool_choice": "required"}),
             Case("tool_choice_named", one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            Case("tool_choice_none", "No tools needed.", {**tools, "tool_choice": "none"}),
+            Case("tool_choice_none", f.content("No tools needed."), {**tools, "tool_choice": "none"}),
         ]
         if row.thinking_switch:
             out.append(Case("thinking_off_then_call", one, {**tools, **cc_no_thinking()}, ("get_weather",)))

@@ -11,8 +11,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tests.parser_matrix.verdicts import verdict
+
 PASSED: dict[str, set[str]] = {}
 RECORDED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+COMPOSED: dict[str, str] = {}
+
+
+def composed(row: str, parser_cls: type) -> None:
+    """The parser class vLLM composed for the row (ParserManager's base: DelegatingParser,
+    HarmonyParser, ...): which of its composition paths the row proves."""
+    composed_here = "<locals>" in parser_cls.__qualname__  # a subclass ParserManager made for the flags
+    COMPOSED[row] = (parser_cls.__mro__[1] if composed_here else parser_cls).__name__
 
 
 def passed(row: str, what: str) -> None:
@@ -41,13 +51,16 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "",
         "Every row runs every case at interval 1 with n=1, and at interval 4 with n=2 the cases whose",
         "markup spans several tokens (reasoning then content, two calls, a call cut by `length`).",
+        "Family tokenizers: decode_server/tools/family_tokenizers.py; gpt_oss is o200k_base (from the",
+        "`bpe-openai` package, hash-checked as openai_harmony checks it) with harmony's special tokens",
+        "(decode_server/tools/harmony_model.py): vLLM renders and parses it with openai_harmony.",
         "",
-        "| family tokenizer | tool parser | reasoning parser | interval 1, n=1 | interval 4, n=2 |",
-        "|---|---|---|---|---|",
+        "| family tokenizer | tool parser | reasoning parser | vLLM's parser class | interval 1, n=1 | interval 4, n=2 |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
-            f"| {r.family} | {r.tool_parser or '—'} | {r.reasoning_parser or '—'} "
+            f"| {r.family} | {r.tool_parser or '—'} | {r.reasoning_parser or '—'} | {COMPOSED.get(r.id, 'not run')} "
             f"| {_cell(r.id, 'interval1-n1')} | {_cell(r.id, 'interval4-n2')} |"
         )
     out += [
@@ -58,12 +71,12 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "constructs on the demo tokenizer, and one script of generic text (`<think>` reasoning, content,",
         "a hermes call, a bare JSON call) gets the same answers from both servers.",
         "",
-        "| tool parser | reasoning parser | parity |",
-        "|---|---|---|",
+        "| tool parser | reasoning parser | vLLM's parser class | parity |",
+        "|---|---|---|---|",
     ]
     for tool, reasoning in sweep:
         row = "demo:" + (tool or "-") + "+" + (reasoning or "-")
-        out.append(f"| {tool or '—'} | {reasoning or '—'} | {_cell(row, 'sweep')} |")
+        out.append(f"| {tool or '—'} | {reasoning or '—'} | {COMPOSED.get(row, 'not run')} | {_cell(row, 'sweep')} |")
     out += ["", "## Not constructible on the demo vocabulary (the error is asserted)", "", "| kind | parser | vLLM says |", "|---|---|---|"]
     for (kind, name), reason in sorted(listed.items()):
         out.append(f"| {kind} | {name} | {reason} |")
@@ -73,7 +86,13 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
     if not RECORDED:
         out.append("None found.")
     for (row, case), (folded, batch) in sorted(RECORDED.items()):
-        out += [f"- **{row}**, `{case}`:", f"  - stream folds to `{_short(folded)}`", f"  - batch gives `{_short(batch)}`"]
+        judged = verdict(row, case, folded, batch) or "not judged yet (tests/parser_matrix/verdicts.py)"
+        out += [
+            f"- **{row}**, `{case}`:",
+            f"  - stream folds to `{_short(folded)}`",
+            f"  - batch gives `{_short(batch)}`",
+            f"  - {judged}",
+        ]
     return "\n".join(out) + "\n"
 
 

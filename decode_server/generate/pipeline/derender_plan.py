@@ -33,6 +33,20 @@ _tools_adapter = TypeAdapter(list[ChatCompletionToolsParam])
 _tool_choice_adapter = TypeAdapter(ChatCompletionNamedToolChoiceParam)
 
 
+def compose_parser(config: DerenderConfig, tokenizer: Any, model_name: str, model_type: str | None) -> Any:
+    """vLLM's parser class for these flags, as `vllm serve`'s chat serving composes it (a gpt_oss
+    model is harmony whatever the flags), checked against `tokenizer`: a TypeError that names the
+    flag, the parser and what the tokenizer lacks when it cannot work with it."""
+    return ParserManager.get_parser(
+        tool_parser_name=config.tool_call_parser,
+        reasoning_parser_name=config.reasoning_parser,
+        enable_auto_tools=config.enable_auto_tool_choice,
+        model_name=model_name,
+        is_harmony=model_type == "gpt_oss",
+        tokenizer=tokenizer,
+    )
+
+
 class Derenderer:
     """Server-wide: the parser class (resolved once) and what every request's parsers share."""
 
@@ -48,14 +62,8 @@ class Derenderer:
     def parser_cls(self) -> Any:
         if self.tokenizer is None:
             return None
-        return ParserManager.get_parser(
-            tool_parser_name=self.config.tool_call_parser,
-            reasoning_parser_name=self.config.reasoning_parser,
-            enable_auto_tools=self.config.enable_auto_tool_choice,
-            model_name=self.model_config.model,
-            is_harmony=getattr(self.model_config.hf_config, "model_type", None) == "gpt_oss",
-            tokenizer=self.tokenizer,
-        )
+        model_type = getattr(self.model_config.hf_config, "model_type", None)
+        return compose_parser(self.config, self.tokenizer, self.model_config.model, model_type)
 
     @cached_property
     def tool_call_id_type(self) -> str:
