@@ -10,22 +10,16 @@ runs a generic sweep; every one that does not is listed with the error it gives,
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from decode_server.tools.family_tokenizers import build_family_model
-from decode_server.tools.harmony_model import CACHE_SUBDIR as HARMONY_CACHE_SUBDIR
-from decode_server.tools.harmony_model import build_harmony_model
 from tests import chat_cases as cc
-from tests import o200k
 from tests.inprocess import serve_args
 from decode_server.process.cli import server_config
 from decode_server.process.parser_check import parser_refusal
 from tests.parser_matrix import families as fm
 from tests.parser_matrix.coverage import LISTED, SWEEP, registered, sweep_cases
 from tests.parser_matrix.harness import Pair, Side, pair
+from tests.parser_matrix.models import family_model
 from tests.parser_matrix import report
 
 pytestmark = pytest.mark.anyio
@@ -42,21 +36,7 @@ def family_dir(tmp_path_factory, demo_model):
     # The session's demo model is the qwen3 family and every family's base: in-process servers on
     # it share their tokenizer with the suite's other in-process tests.
     root = tmp_path_factory.mktemp("families")
-    saved = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
-
-    def build(family: str) -> Path:
-        if family != "gpt_oss":
-            return build_family_model(family, root / family, demo_model)
-        # openai_harmony reads o200k from here; the model is cached next to it (built in ~15 s).
-        vocabulary = o200k.ensure()
-        os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(vocabulary)
-        return build_harmony_model(vocabulary / HARMONY_CACHE_SUBDIR, vocabulary / o200k.FILE)
-
-    yield build
-    if saved is None:
-        os.environ.pop("TIKTOKEN_ENCODINGS_BASE", None)
-    else:
-        os.environ["TIKTOKEN_ENCODINGS_BASE"] = saved
+    return lambda family: family_model(family, root, demo_model)
 
 
 @pytest.fixture(scope="module")

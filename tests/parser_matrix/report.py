@@ -60,6 +60,8 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "`bpe-openai` package, hash-checked as openai_harmony checks it) with harmony's special tokens",
         "(decode_server/tools/harmony_model.py): vLLM renders and parses it with openai_harmony;",
         "qwen3_hf is the demo model with a transformers `response_template` (vLLM's `hf` parser).",
+        "The real-engine proof behind the scripted engine: tests/test_scripted_parity.py (DelegatingParser)",
+        "and tests/test_parser_matrix_real.py (the `hf` class).",
         "",
         "| family tokenizer | tool parser | reasoning parser | vLLM's parser class | interval 1, n=1 | interval 4, n=2 |",
         "|---|---|---|---|---|---|",
