@@ -31,6 +31,16 @@ def test_serve_refuses_llama3_json_on_a_vocabulary_without_python_tag(demo_model
     assert str(demo_model) in lines[0], lines[0]
 
 
+def test_hf_without_a_response_template_is_refused_with_the_flag(demo_model):
+    """The `hf` parser's own check raises without naming the flag; the refusal line adds it."""
+    args = serve_args(demo_model, "--reasoning-parser", "hf")
+    refusal = parser_refusal(args, cli.server_config(args).derender)
+    assert refusal == (
+        f"--reasoning-parser hf cannot be used with {str(demo_model)!r}: "
+        "The hf parser requires `response_template` metadata in the tokenizer configuration"
+    ), refusal
+
+
 @pytest.mark.parametrize(
     "flags",
     [

@@ -23,12 +23,31 @@ from pathlib import Path
 from decode_server.tools.demo_model import build_demo_model, write_model_dir
 
 
+QWEN3_RESPONSE_TEMPLATE = {
+    "version": 1,
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "thinking": {"open": "<think>", "close": "</think>", "optional": True},
+        "content": {},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close": "</tool_call>",
+            "content": "json",
+            "repeats": True,
+            "optional": True,
+            "transform": {"type": "function", "function": "{content}"},
+        },
+    },
+}
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
     added: tuple[tuple[str, bool], ...]  # (token, special), appended after the demo's added tokens
     chat_template: str | None = None  # None: the demo's ChatML template
     config: dict = field(default_factory=dict)  # config.json overrides
+    tokenizer_config: dict = field(default_factory=dict)  # tokenizer_config.json additions
 
 
 FAMILIES: dict[str, Family] = {
@@ -70,6 +89,9 @@ FAMILIES: dict[str, Family] = {
             tuple((t, False) for t in ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>")),
         ),
         Family("minimax_m2", (("<minimax:tool_call>", False), ("</minimax:tool_call>", False))),
+        # The demo model with a transformers `response_template` (vLLM's `hf` parser reads it): Qwen3's
+        # reasoning and hermes calls described as fields instead of by a parser class.
+        Family("qwen3_hf", (), tokenizer_config={"response_template": QWEN3_RESPONSE_TEMPLATE}),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
     )
@@ -123,4 +145,5 @@ def _write_family(spec: Family, base: Path, tmp: Path) -> None:
     tok_config["additional_special_tokens"] += [t for t, s in spec.added if s]
     if spec.chat_template is not None:
         tok_config["chat_template"] = spec.chat_template
+    tok_config |= spec.tokenizer_config
     (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")

@@ -112,6 +112,11 @@ class Pair:
             **{k: gen[k] for k in ("reasoning_ended", "reasoning_parser_kwargs") if gen.get(k) is not None},
         }
 
+    async def render_error(self, chat: dict[str, Any]) -> tuple[int, str]:
+        """(status, message) of vLLM's render refusing `chat`."""
+        r = await self.vllm.client.post(CHAT + "/render", json=cc.chat_body(**chat))
+        return r.status_code, r.json()["error"]["message"] if r.status_code != 200 else r.text
+
     async def compare(self, chat: dict[str, Any], script: list[int]) -> tuple[Side, Side]:
         """(ours, vLLM's) for one chat request whose model output is `script` (then EOS)."""
         chat = cc.chat_body(**chat)

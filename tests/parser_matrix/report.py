@@ -16,6 +16,11 @@ from tests.parser_matrix.verdicts import verdict
 PASSED: dict[str, set[str]] = {}
 RECORDED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
 COMPOSED: dict[str, str] = {}
+REFUSED: dict[tuple[str, str], str] = {}
+
+
+def refused(row: str, case: str, message: str) -> None:
+    REFUSED[(row, case)] = message
 
 
 def composed(row: str, parser_cls: type) -> None:
@@ -53,7 +58,10 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "markup spans several tokens (reasoning then content, two calls, a call cut by `length`).",
         "Family tokenizers: decode_server/tools/family_tokenizers.py; gpt_oss is o200k_base (from the",
         "`bpe-openai` package, hash-checked as openai_harmony checks it) with harmony's special tokens",
-        "(decode_server/tools/harmony_model.py): vLLM renders and parses it with openai_harmony.",
+        "(decode_server/tools/harmony_model.py): vLLM renders and parses it with openai_harmony;",
+        "qwen3_hf is the demo model with a transformers `response_template` (vLLM's `hf` parser).",
+        "The real-engine proof behind the scripted engine: tests/test_scripted_parity.py (DelegatingParser)",
+        "and tests/test_parser_matrix_real.py (the `hf` class).",
         "",
         "| family tokenizer | tool parser | reasoning parser | vLLM's parser class | interval 1, n=1 | interval 4, n=2 |",
         "|---|---|---|---|---|---|",
@@ -80,6 +88,8 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
     out += ["", "## Not constructible on the demo vocabulary (the error is asserted)", "", "| kind | parser | vLLM says |", "|---|---|---|"]
     for (kind, name), reason in sorted(listed.items()):
         out.append(f"| {kind} | {name} | {reason} |")
+    out += ["", "## Refused by vLLM's render server (asserted; no decode server sees these requests)", ""]
+    out += [f"- **{row}**, `{case}`: {message}" for (row, case), message in sorted(REFUSED.items())] or ["None."]
     out += ["", "## Open (not run; what was observed)", ""]
     out += [f"- **{r.id}**: {why}" for r, why in open_rows.items()] or ["None."]
     out += ["", "## Where vLLM's own stream and batch disagree (parity with vLLM kept)", ""]

@@ -27,8 +27,54 @@ _CUT = (
 CUT_DROPPED = "batch is right: " + _CUT.format(batch="the batch answer claims no unfinished call")
 CUT_EMPTY = "neither is a call to run: " + _CUT.format(batch="the batch answer keeps the call with `{}` arguments")
 
+AFTER_CALLS = (
+    "stream is right: the model wrote ` Done.` after the call; vLLM's batch parser drops the text "
+    "that follows the calls"
+)
+FOREIGN = (
+    "not judged: the sweep feeds a parser generic text (`<think>`, a hermes call, bare JSON), not its "
+    "family's format, so neither answer is what that family's model would get; only parity is claimed"
+)
+_LLAMA = {
+    "content_around_calls": (
+        "batch is right about the call: the model wrote text, `<|python_tag|>` and a JSON call; the "
+        "streaming parser takes a call only at the start of the output, so the stream sends the call "
+        "as content (the batch answer in turn drops the text around the call)"
+    ),
+    "call_cut_by_length": (
+        "batch is right: the output is cut inside the JSON; the stream holds the partial JSON back "
+        "waiting for a call and never sends it, the batch answer returns it as the content it is"
+    ),
+    "stop_string_inside_markup": (
+        "batch is right: the stop string cuts the JSON, so there is no call; the stream has already "
+        "sent a call with partial arguments, the batch answer returns the text as content"
+    ),
+}
+_GLM_PLAIN_TEXT = (
+    "stream is right: the model wrote this text without `<think>` (the prompt did not open "
+    "reasoning); vLLM's batch reasoning parser (glm45, glm47) files text with no `</think>` as "
+    "reasoning, its streaming parser as content{after}"
+)
+_HERMES_CUT = (
+    "neither is a call to run: the output ends inside `<tool_call>`; the stream has sent a call "
+    "with {stream} arguments, the batch answer gives the cut markup back as content. A client must "
+    "not run a call of a choice that finished with `length` or a stop string inside the call"
+)
+
 # (row id, case) -> verdict, for cases no rule above covers.
 BY_HAND: dict[tuple[str, str], str] = {
+    **{(f"llama3:{tool}+-", case): why for tool in ("llama3_json", "llama4_json") for case, why in _LLAMA.items()},
+    **{
+        (row, "content_around_calls"): _GLM_PLAIN_TEXT.format(after=", and drops ` Done.` after the call")
+        for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")
+    },
+    **{(row, "tool_choice_none"): _GLM_PLAIN_TEXT.format(after="") for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")},
+    ("qwen3:hermes+qwen3", "call_cut_by_length"): _HERMES_CUT.format(stream="`{}`"),
+    ("qwen3:hermes+qwen3", "stop_string_inside_markup"): _HERMES_CUT.format(stream="partial"),
+    ("mistral:mistral+mistral", "content_around_calls"): (
+        "batch is right: the arguments are the JSON object; vLLM's streaming mistral parser appends "
+        "the text after it (` Done.`) to the call's arguments, which are then not valid JSON"
+    ),
     ("deepseek_v3:deepseek_v31+deepseek_v3", "content_around_calls"): (
         "stream is right: the model wrote ` Done.` after the calls; vLLM's batch parser keeps only the "
         "text before `<｜tool▁calls▁begin｜>` and drops what follows `<｜tool▁calls▁end｜>`"
@@ -63,12 +109,17 @@ def verdict(row: str, case: str, folded: dict[str, Any], batch: dict[str, Any]) 
     """Which of the folded stream and the batch answer is right, or None when not judged yet."""
     if (row, case) in BY_HAND:
         return BY_HAND[(row, case)]
+    if row.startswith("demo:"):
+        return FOREIGN
     same_calls = _parsed_calls(folded) == _parsed_calls(batch)
     same_reasoning = _text(folded, "reasoning") == _text(batch, "reasoning")
     if same_calls and same_reasoning and _text(folded, "content") == _text(batch, "content"):
         return ESCAPING
     if same_calls and same_reasoning and not _text(folded, "content").strip() and not _text(batch, "content"):
         return FRAMING
+    content, kept_content = _text(folded, "content"), _text(batch, "content")
+    if same_calls and same_reasoning and content != kept_content and content.replace("Done.", "").strip() == kept_content.strip():
+        return AFTER_CALLS
     if case in CUT_CASES and same_reasoning and _text(folded, "content").strip() == _text(batch, "content").strip():
         cut, kept = _parsed_calls(folded), _parsed_calls(batch)
         if len(kept) < len(cut):

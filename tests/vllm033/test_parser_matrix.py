@@ -1,6 +1,6 @@
 """tests/test_parser_matrix.py's family rows on vLLM 0.33's modules: our derender on 0.33 against
 0.33's own coupled chat over the same scripted outputs, each family's tokens and output format
-(DeepSeek, Kimi K2, GLM, Llama 3, Seed-OSS, MiniMax, qwen3 with hermes/qwen3_coder/qwen3_xml)."""
+(every row of tests/parser_matrix/families.ROWS)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hashlib
 import pytest
 
 from decode_server.tools import family_tokenizers
+from tests.parser_matrix.models import family_model
 from tests.test_parser_matrix import test_family_row_matches_vllms_chat  # noqa: F401 (collected here)
 
 pytestmark = pytest.mark.anyio
@@ -20,4 +21,4 @@ def family_dir(demo_model):
     # machine, not once per session (this tier runs on every suite run).
     key = hashlib.sha256(repr((demo_model.name, family_tokenizers.FAMILIES, family_tokenizers.MERGES)).encode()).hexdigest()[:12]
     root = demo_model.parent / f"families-{key}"
-    return lambda family: family_tokenizers.build_family_model(family, root / family, demo_model)
+    return lambda family: family_model(family, root, demo_model)
