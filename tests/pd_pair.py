@@ -299,8 +299,8 @@ def _stop_set() -> None:
 
 def _used_later(request: Any) -> bool:
     items = request.session.items
-    last_mine = max(i for i, item in enumerate(items) if item.module is request.module)
-    return any(FIXTURE in item.fixturenames for item in items[last_mine + 1 :])
+    last_mine = max(i for i, item in enumerate(items) if getattr(item, "module", None) is request.module)
+    return any(FIXTURE in getattr(item, "fixturenames", ()) for item in items[last_mine + 1 :])
 
 
 def shared_set(request: Any, demo_model: Path, log_dir: Path, tmp_path_factory: Any) -> Any:
