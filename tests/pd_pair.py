@@ -1,8 +1,15 @@
-"""The P/D pair's parts, shared by tests/test_pd.py and tests/test_pd_faults.py.
+"""The P/D set tests/test_pd.py and tests/test_pd_faults.py share, and its parts.
 
 Decode-server instances with vLLM's NixlConnector on loopback (`kv_buffer_device: cpu`, UCX),
 the NIXL progress-thread hook (see tests/test_pd.py's docstring), seeded real weights, and the
 /metrics reader both modules assert with.
+
+One set of three engines serves both modules (`shared_set`): a prefill instance (`--tokens-only`,
+kv_producer) and two decode instances (kv_consumer), one with `kv_load_failure_policy: recompute`,
+the parsers and a long remote-prefill deadline (test_pd's decode pool: it proves what a leg
+answers, not the deadline), one with vLLM's default `fail` and a short deadline (the faults'). All
+three have a short NIXL lease and run UCX over TCP. A test that kills an instance kills a shared one;
+the next module to use the set starts it again.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -119,10 +127,13 @@ def write_seeded_weights(model_dir: Path, seed: int = 0) -> None:
 
 
 def engine_flags_with_real_weights() -> list[str]:
+    """The shared engine flags, loading the seeded weights, and eager: torch.compile's warm-up
+    (inductor's C++ build) costs each start a minute or more on a small CPU box, and nothing here
+    compares a compiled engine with an eager one."""
     flags = list(servers.ENGINE_FLAGS)
     i = flags.index("--load-format")
     flags[i + 1] = "safetensors"
-    return flags
+    return flags if "--enforce-eager" in flags else [*flags, "--enforce-eager"]
 
 
 def kv_config(role: str, extra_config: dict[str, Any] | None = None, **fields: Any) -> str:
@@ -211,6 +222,8 @@ def _start(server: servers.Server) -> servers.Server:
 def start_all(to_start: list[servers.Server]) -> list[servers.Server]:
     """Start them at once (the wait is one start-up, not several); the started ones, in order."""
     started: list[servers.Server] = []
+    if not to_start:
+        return started
     with concurrent.futures.ThreadPoolExecutor(len(to_start)) as pool:
         futures = {pool.submit(_start, s): s for s in to_start}
         for f in concurrent.futures.as_completed(futures):
@@ -224,3 +237,82 @@ def stop_all(to_stop: list[servers.Server]) -> None:
     if to_stop:
         with concurrent.futures.ThreadPoolExecutor(len(to_stop)) as pool:
             list(pool.map(lambda s: s.stop(), to_stop))
+
+
+# ----------------------------------------------------------------- the shared set
+
+LEASE_S = 5  # kv_lease_duration on all three (vLLM's default: 30)
+# DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S on the `fail` instance: above vLLM's 5 s handshake timeout
+# (which starts up to ~2.5 s late on a loaded 2-core box), so an unreachable side channel is its 502.
+FAIL_DEADLINE_S = 9.0
+# ... on the `recompute` one, test_pd's decode pool: one full-suite run saw a single transfer stall
+# past the default 8 s (the next leg's first token then took 1.3 s, the others ~30 ms).
+RECOMPUTE_DEADLINE_S = 30.0
+# The module fixture both modules name: a later test that uses it keeps the set running.
+FIXTURE = "pd_set"
+
+
+class PDSet:
+    def __init__(self, prefill: servers.Server, fail: servers.Server, recompute: servers.Server):
+        self.prefill, self.fail, self.recompute = prefill, fail, recompute
+
+    @property
+    def everyone(self) -> list[servers.Server]:
+        return [self.prefill, self.fail, self.recompute]
+
+
+_SET: PDSet | None = None
+
+
+def _new_set(demo_model: Path, log_dir: Path, tmp_path_factory: Any) -> PDSet:
+    model = seeded_model_dir(demo_model, tmp_path_factory)
+    # UCX over TCP, as between two hosts without RDMA: a read then needs the prefill process's own
+    # progress, so a stopped prefill instance stalls it. (Over shared memory / CMA on one host a
+    # stopped process's memory can still be read, and the stall may not stall.)
+    env = {**nixl_env(tmp_path_factory), "UCX_TLS": "tcp,self"}
+    lease = {"kv_lease_duration": LEASE_S}
+    p_bind, d_bind = omp_binds()
+    prefill = nixl_server("pd-prefill", model, log_dir, env, kv_config("kv_producer", lease), "--tokens-only", bind=p_bind)
+    fail = nixl_server(
+        "pd-decode-fail", model, log_dir,
+        {**env, "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": str(FAIL_DEADLINE_S)},
+        kv_config("kv_consumer", lease, kv_load_failure_policy="fail"),
+    )
+    recompute = nixl_server(
+        "pd-decode-recompute", model, log_dir,
+        {**env, "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": str(RECOMPUTE_DEADLINE_S)},
+        kv_config("kv_consumer", lease, kv_load_failure_policy="recompute"), *servers.PARSER_FLAGS, bind=d_bind,
+    )
+    return PDSet(prefill, fail, recompute)
+
+
+def _stop_set() -> None:
+    global _SET
+    if _SET is None:
+        return
+    for s in _SET.everyone:  # a stopped (SIGSTOP) group would not see the SIGTERM
+        if s.proc is not None and s.proc.poll() is None:
+            os.killpg(s.proc.pid, signal.SIGCONT)
+    stop_all(_SET.everyone)
+    _SET = None
+
+
+def _used_later(request: Any) -> bool:
+    items = request.session.items
+    last_mine = max(i for i, item in enumerate(items) if getattr(item, "module", None) is request.module)
+    return any(FIXTURE in getattr(item, "fixturenames", ()) for item in items[last_mine + 1 :])
+
+
+def shared_set(request: Any, demo_model: Path, log_dir: Path, tmp_path_factory: Any) -> Any:
+    """The body of each module's `pd_set` fixture: the set, its dead instances (all, the first
+    time) started; stopped after this module unless a later collected test uses it (and at the
+    session's end whatever happens)."""
+    global _SET
+    require_nixl()
+    if _SET is None:
+        _SET = _new_set(demo_model, log_dir, tmp_path_factory)
+        request.config.add_cleanup(_stop_set)
+    start_all([s for s in _SET.everyone if s.proc is None or s.proc.poll() is not None])
+    yield _SET
+    if not _used_later(request):
+        _stop_set()

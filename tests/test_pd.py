@@ -2,7 +2,8 @@
 
 A prefill instance (`--tokens-only`, `kv_producer`) and a decode instance (tokenizer, qwen3 +
 hermes parsers, `kv_consumer`) on loopback, with the KV cache in host memory
-(`kv_buffer_device: cpu`) and NIXL's UCX backend moving it; requests go through
+(`kv_buffer_device: cpu`) and NIXL's UCX backend (over TCP) moving it: two of the set of engines
+this module shares with tests/test_pd_faults.py (tests/pd_pair.py); requests go through
 `protocol.clients.pd` (the legs llm-d's NIXL v2 routing sidecar builds, less the decode-only fields) and
 `decode-server pd-proxy`, and as llm-d-router's sidecar and coordinator send them, byte for byte
 (`tests/llmd_legs.py`).
@@ -17,7 +18,7 @@ Two machine-level settings keep the pair fast on a small CPU box:
 - each engine's OpenMP thread is pinned to its own core (`VLLM_CPU_OMP_THREADS_BIND`);
 - NIXL's UCX progress thread busy-polls a core per engine: nixl 1.5.1's Python agent hard-codes
   `pthrDelay = 0`, the timeout of the thread's `poll()` on the UCX workers' event fds, and
-  neither vLLM nor NIXL reads a setting for it. A `sitecustomize` on these two servers'
+  neither vLLM nor NIXL reads a setting for it. A `sitecustomize` on the set's servers'
   PYTHONPATH sets it to 1 ms when `nixl_cu12._api` / `nixl_cu13._api` load (the thread still
   wakes on UCX events at once; the timeout is NIXL's fallback wake-up), so an idle engine
   costs ~1% of a core instead of 100%.
@@ -26,14 +27,10 @@ Two machine-level settings keep the pair fast on a small CPU box:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
-import os
 import random
-import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,28 +39,15 @@ import pytest
 from protocol.clients.generate import Client
 from protocol.clients.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
 from tests import llmd_legs, servers
-from tests.pd_pair import _SITECUSTOMIZE, NIXL_PROGRESS_DELAY_US, write_seeded_weights  # noqa: F401
-from tests.pd_pair import engine_flags_with_real_weights as _engine_flags_with_real_weights
-from tests.pd_pair import kv_config as _kv_config
+from tests.pd_pair import LEASE_S
 from tests.pd_pair import kv_usage as _kv_usage
 from tests.pd_pair import metrics as _metrics
-from tests.pd_pair import omp_binds as _omp_binds
 from tests.pd_pair import salt as _salt
+from tests.pd_pair import shared_set
 from tests.chat_cases import USER, WEATHER, accumulate, call, parse_context, without_ids
 from tests.support import GENERATE, choice_chunks, finish_reason, joined_tokens, scripted
 
 pytestmark = pytest.mark.timeout(900)
-
-
-# ----------------------------------------------------------------- model with real weights
-
-
-@pytest.fixture(scope="module")
-def seeded_model(demo_model, tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("pd-model") / "demo-seeded"
-    shutil.copytree(demo_model, target)
-    write_seeded_weights(target)
-    return target
 
 
 # ----------------------------------------------------------------- the P/D pair
@@ -75,60 +59,24 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pd_pair(seeded_model, log_dir, tmp_path_factory):
-    try:
-        import nixl  # noqa: F401
-    except ImportError as e:  # the `test` extra pins nixl; a stale venv lacks it
-        pytest.fail(f"NIXL is not importable ({e}); run ./dev setup (the test extra installs nixl==1.5.1)")
-    hook = tmp_path_factory.mktemp("nixl-hook")
-    (hook / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    pythonpath = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
-    common_env = {
-        "PYTHONPATH": pythonpath,
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-        "UCX_RCACHE_MAX_UNRELEASED": "1024",
-    }
-    p_bind, d_bind = _omp_binds()
-    base = [sys.executable, "-m", "decode_server.process.cli", "serve", str(seeded_model), *_engine_flags_with_real_weights()]
-    prefill = servers.Server(
-        "pd-prefill",
-        [*base, "--tokens-only", "--kv-transfer-config", _kv_config("kv_producer")],
+def pd_set(request, demo_model, log_dir, tmp_path_factory):
+    yield from shared_set(request, demo_model, log_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pd_pair(pd_set, log_dir):
+    """The shared set's prefill instance and its `recompute` decode instance (the parsers, a 30 s
+    deadline; a failed pull is caught by the p2p counts asserted below), behind `pd-proxy`."""
+    prefill, decode = pd_set.prefill, pd_set.recompute
+    proxy = servers.Server(
+        "pd-proxy",
+        [sys.executable, "-m", "decode_server.tools.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
         log_dir,
-        env={**common_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()), "VLLM_CPU_OMP_THREADS_BIND": p_bind},
-    )
-    decode = servers.Server(
-        "pd-decode",
-        [*base, *servers.PARSER_FLAGS, "--kv-transfer-config", _kv_config("kv_consumer")],
-        log_dir,
-        env={
-            **common_env,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()),
-            "VLLM_CPU_OMP_THREADS_BIND": d_bind,
-            # These tests prove what a leg answers, not the deadline (tests/test_pd_faults.py does):
-            # one full-suite run saw a single transfer stall past the default 8 s (the next leg's
-            # first token then took 1.3 s, the others ~30 ms).
-            "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": "30",
-        },
-    )
-    started: list[servers.Server] = []
+    ).start(timeout_s=60)
     try:
-        # Both engines load at once: the wait is one start-up, not two.
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            futures = {pool.submit(s.start): s for s in (prefill, decode)}
-            for f in concurrent.futures.as_completed(futures):
-                f.result()
-                started.append(futures[f])
-        proxy = servers.Server(
-            "pd-proxy",
-            [sys.executable, "-m", "decode_server.tools.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
-            log_dir,
-        ).start(timeout_s=60)
-        started.append(proxy)
         yield Pair(prefill, decode, proxy)
     finally:
-        # A NIXL engine's worker does not exit on its own (vLLM kills it after 5 s): stop both at once.
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda s: s.stop(), (*started, prefill, decode)))
+        proxy.stop()
 
 
 # ----------------------------------------------------------------- helpers
@@ -251,37 +199,6 @@ def test_the_llm_d_legs_change_only_what_their_source_changes():
 # ----------------------------------------------------------------- against the real pair
 
 
-def test_prefill_pool_rejects_a_misrouted_decode_leg(pd_pair):
-    """A text/derender (decode-leg) request that lands on the prefill pool fails loud with 400."""
-    for mode in ("text", "derender"):
-        r = httpx.post(pd_pair.prefill.url + GENERATE, json={"token_ids": [9707, 1879], "output_mode": mode}, timeout=60)
-        assert r.status_code == 400, r.text
-        assert "requires a tokenizer" in r.json()["error"]["message"]
-    r = httpx.post(
-        pd_pair.prefill.url + GENERATE, json={"token_ids": [9707], "sampling_params": {"stop": ["."]}}, timeout=60
-    )
-    assert r.status_code == 400 and "stop strings" in r.json()["error"]["message"]
-    # Only an unambiguous prefill leg (do_remote_decode: true, max_tokens 1) is answered as a
-    # tokens-level prefill: whatever else would reach a client keeps its 400 (or 409).
-    leg = {"do_remote_decode": True}
-    for body in (
-        {"output_mode": "text", "kv_transfer_params": leg, "sampling_params": {"max_tokens": 2}},
-        {"output_mode": "text", "sampling_params": {"max_tokens": 2, "extra_args": {"kv_transfer_params": leg}}},
-        {"output_mode": "derender", "sampling_params": {"max_tokens": 1}},
-        {"output_mode": "text", "kv_transfer_params": {"do_remote_decode": False}, "sampling_params": {"max_tokens": 1}},
-    ):
-        r = httpx.post(pd_pair.prefill.url + GENERATE, json={"token_ids": [9707, 1879], **body}, timeout=60)
-        assert r.status_code == 400 and "requires a tokenizer" in r.json()["error"]["message"], body
-    r = httpx.post(
-        pd_pair.prefill.url + GENERATE,
-        json={"token_ids": [9707], "sampling_params": {"max_tokens": 4, "stop": ["."], "extra_args": {"kv_transfer_params": leg}}},
-        timeout=60,
-    )
-    assert r.status_code == 400 and "stop strings" in r.json()["error"]["message"]
-    r = httpx.post(pd_pair.prefill.url + GENERATE, json={"token_ids": [9707]}, headers={"x-parser-fingerprint": "0" * 16}, timeout=60)
-    assert r.status_code == 409
-
-
 def test_prefill_leg_returns_the_producers_kv_transfer_params(pd_pair):
     body = prefill_request({"token_ids": list(range(1000, 1040)), "cache_salt": _salt()})
     r = httpx.post(pd_pair.prefill.url + GENERATE, json=body, timeout=60)
@@ -294,6 +211,12 @@ def test_prefill_leg_returns_the_producers_kv_transfer_params(pd_pair):
     with Client(pd_pair.decode.url) as c:
         c.generate({"token_ids": body["token_ids"], "cache_salt": body["cache_salt"], "kv_transfer_params": kv,
                     "sampling_params": {"max_tokens": 1}})
+    # A drifted parser fingerprint is refused at the prefill pool too (the rules: tests/test_pd_inprocess.py).
+    # (A prefill leg itself is answered whatever the fingerprint: its answer reaches no client.)
+    r = httpx.post(
+        pd_pair.prefill.url + GENERATE, json={"token_ids": [9707]}, headers={"x-parser-fingerprint": "0" * 16}, timeout=60
+    )
+    assert r.status_code == 409 and "fingerprint" in r.json()["error"]["message"], r.text
 
 
 def test_derender_stream_through_the_proxy_equals_one_instance(pd_pair, tokenizer):
@@ -616,47 +539,45 @@ def test_idle_pair_does_not_busy_poll(pd_pair):
     """
     import psutil
 
-    deadline = time.monotonic() + 45
+    deadline = time.monotonic() + LEASE_S + 15
     while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.25)
     time.sleep(1.0)
 
-    def busy(server: servers.Server) -> dict[str, float]:
+    def processes(server: servers.Server) -> list[Any]:
         root = psutil.Process(server.proc.pid)
-        procs = [root, *root.children(recursive=True)]
-        t0 = {p.pid: sum(p.cpu_times()[:2]) for p in procs}
-        time.sleep(2.0)
-        return {f"{p.name()}[{p.pid}]": (sum(p.cpu_times()[:2]) - t0[p.pid]) / 2.0 for p in procs}
+        return [root, *root.children(recursive=True)]
 
-    for server in (pd_pair.prefill, pd_pair.decode):
-        cores = busy(server)
-        assert sum(cores.values()) < 0.3, f"{server.name} is busy while idle: {cores}"
+    # Both servers over the same 2 s.
+    procs = {server.name: processes(server) for server in (pd_pair.prefill, pd_pair.decode)}
+    t0 = {p.pid: sum(p.cpu_times()[:2]) for ps in procs.values() for p in ps}
+    time.sleep(2.0)
+    for name, ps in procs.items():
+        cores = {f"{p.name()}[{p.pid}]": (sum(p.cpu_times()[:2]) - t0[p.pid]) / 2.0 for p in ps}
+        assert sum(cores.values()) < 0.3, f"{name} is busy while idle: {cores}"
 
 
-@pytest.mark.parametrize("where", ["top_level", "extra_args"])
-def test_a_refused_decode_leg_frees_the_prefill_blocks_at_once(pd_pair, where):
-    """`extra_args`: both legs as llm-d's coordinator builds them, the KV params in
-    `sampling_params.extra_args` (tests/llmd_legs.py)."""
+def test_a_refused_decode_leg_frees_the_prefill_blocks_at_once(pd_pair):
+    """"At once": before the prefill instance's lease (`LEASE_S`) runs out, and no request expired
+    meanwhile. (The leg with its KV params in `extra_args`, as llm-d's coordinator sends it, and
+    which refusals release: tests/test_pd_inprocess.py.)"""
     prompt = list(range(5000, 6000))
+    expired = "vllm:nixl_num_kv_expired_reqs_total"
     # A decode leg the decode server refuses (derender without parse_context on a parser-configured server).
     refused = {"token_ids": prompt, "output_mode": "derender"}
     with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
         pd.generate({"token_ids": prompt[:10], "sampling_params": {"max_tokens": 1}})  # the NIXL handshake is done
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + LEASE_S + 15
         while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if where == "top_level":
-            leg = decode_request(refused, pd.prefill({"token_ids": prompt, "cache_salt": _salt()}))
-    if where == "extra_args":
-        answer = _post_leg(pd_pair.prefill.url, llmd_legs.coordinator_prefill_leg(refused, f"refused-{time.monotonic_ns()}"), {})
-        leg = llmd_legs.coordinator_decode_leg(refused, answer)
-        assert "kv_transfer_params" not in leg and leg["sampling_params"]["extra_args"]["kv_transfer_params"]["remote_block_ids"]
+            time.sleep(0.25)
+        before = _metrics(pd_pair.prefill.url).get(expired, 0.0)
+        leg = decode_request(refused, pd.prefill({"token_ids": prompt, "cache_salt": _salt()}))
+    t_prefilled = time.monotonic()
     assert _kv_usage(pd_pair.prefill.url) > 0, "the producer holds the prompt's blocks for the decode leg"
-    r = httpx.post(
-        pd_pair.decode.url + GENERATE, content=llmd_legs.go_json(leg), headers={"content-type": "application/json"}, timeout=60
-    )
+    r = httpx.post(pd_pair.decode.url + GENERATE, json=leg, timeout=60)
     assert r.status_code == 400, r.text
-    deadline = time.monotonic() + 5
-    while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert _kv_usage(pd_pair.prefill.url) == 0
+    assert "needs parse_context" in r.json()["error"]["message"]
+    while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < t_prefilled + LEASE_S - 1:
+        time.sleep(0.1)
+    assert _kv_usage(pd_pair.prefill.url) == 0, f"the prefill blocks are still held {LEASE_S - 1} s after the answer"
+    assert _metrics(pd_pair.prefill.url).get(expired, 0.0) == before, "the lease freed them, not the refusal"

@@ -1,12 +1,13 @@
 """P/D faults with real NIXL on loopback (issue 15, item 1): every fault ends within a bound, and
 afterwards neither instance holds an engine request or a KV block.
 
-One prefill instance (`--tokens-only`, kv_producer) and two decode instances (kv_consumer): one with
-vLLM's default `kv_load_failure_policy: fail` and one with `recompute`, all with a short NIXL
-lease (`kv_connector_extra_config.kv_lease_duration`, vLLM's default 30 s) and a short
-remote-prefill deadline (`DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S`, our default 8 s). Real
-engines with seeded weights (tests/pd_pair.py), one start-up for the module; the tests run in
-file order and the last two kill an instance each (a decode instance, then the prefill one).
+The P/D set tests/test_pd.py uses too (tests/pd_pair.py, one start-up for both modules): one prefill
+instance (`--tokens-only`, kv_producer) and two decode instances (kv_consumer): one with vLLM's
+default `kv_load_failure_policy: fail` and a short remote-prefill deadline
+(`DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S`, our default 8 s), one with `recompute`, all with a short
+NIXL lease (`kv_connector_extra_config.kv_lease_duration`, vLLM's default 30 s). Real engines with
+seeded weights; the tests run in file order and the last two kill an instance each (the
+`recompute` decode instance, then the prefill one; a later module starts them again).
 
 "Holds nothing" is read from /metrics: `vllm:num_requests_running` and `..._waiting` 0,
 `decode_server_live_request_states` 0, and `vllm:kv_cache_usage_perc` 0 (on the prefill side
@@ -17,6 +18,7 @@ Measured times are printed (`-s`) as `MEASURED ...` lines.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import random
 import signal
@@ -30,70 +32,18 @@ import pytest
 from decode_server.errors import ServerError
 from decode_server.runtime.kv_transfer import first_token_within
 from tests import servers
-from tests.pd_pair import (
-    kv_config,
-    kv_usage,
-    metrics,
-    nixl_env,
-    nixl_server,
-    omp_binds,
-    require_nixl,
-    salt,
-    seeded_model_dir,
-    start_all,
-    stop_all,
-)
+from tests.pd_pair import FAIL_DEADLINE_S, LEASE_S, PDSet, kv_usage, metrics, salt, shared_set
 from tests.support import GENERATE
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(600)]
 
-LEASE_S = 5  # kv_lease_duration on all three (vLLM's default: 30)
-# DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S on the `fail` instance: above vLLM's 5 s handshake timeout
-# (which starts up to ~2.5 s late on a loaded 2-core box), so an unreachable side channel is its 502.
-FAIL_DEADLINE_S = 9.0
-RECOMPUTE_DEADLINE_S = 10.0  # ... on the `recompute` one: the handshake timeout + the recompute
 BOUND_S = 10.0  # the issue's bound for a decode leg that cannot get its KV
 FAULT_TIMEOUT = pytest.mark.timeout(120)
 
 
-class Trio:
-    def __init__(self, prefill: servers.Server, doomed: servers.Server, fail: servers.Server, recompute: servers.Server):
-        self.prefill, self.doomed, self.fail, self.recompute = prefill, doomed, fail, recompute
-
-
 @pytest.fixture(scope="module")
-def trio(demo_model, log_dir, tmp_path_factory):
-    require_nixl()
-    model = seeded_model_dir(demo_model, tmp_path_factory)
-    # UCX over TCP, as between two hosts without RDMA: a read then needs the prefill process's own
-    # progress, so a stopped prefill instance stalls it. (Over shared memory / CMA on one host a
-    # stopped process's memory can still be read, and the stall may not stall.)
-    env = {**nixl_env(tmp_path_factory), "UCX_TLS": "tcp,self"}
-    lease = {"kv_lease_duration": LEASE_S}
-    p_bind, d_bind = omp_binds()
-    prefill = nixl_server(
-        "faults-prefill", model, log_dir, env, kv_config("kv_producer", lease), "--tokens-only", bind=p_bind
-    )
-    fail = nixl_server(
-        "faults-decode-fail", model, log_dir,
-        {**env, "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": str(FAIL_DEADLINE_S)},
-        kv_config("kv_consumer", lease, kv_load_failure_policy="fail"), bind=d_bind,
-    )
-    # A second prefill instance, for the test that kills one (the others need a live one after it).
-    doomed = nixl_server("faults-prefill-doomed", model, log_dir, env, kv_config("kv_producer", lease), "--tokens-only")
-    recompute = nixl_server(
-        "faults-decode-recompute", model, log_dir,
-        {**env, "DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S": str(RECOMPUTE_DEADLINE_S)},
-        kv_config("kv_consumer", lease, kv_load_failure_policy="recompute"),
-    )
-    everyone = [prefill, doomed, fail, recompute]
-    try:
-        start_all(everyone)
-        yield Trio(prefill, doomed, fail, recompute)
-    finally:
-        for s in everyone:  # a stopped (SIGSTOP) group would not see the SIGTERM
-            _signal(s, signal.SIGCONT)
-        stop_all(everyone)
+def pd_set(request, demo_model, log_dir, tmp_path_factory):
+    yield from shared_set(request, demo_model, log_dir, tmp_path_factory)
 
 
 # ----------------------------------------------------------------- helpers
@@ -110,14 +60,14 @@ def _prompt(n: int = 200) -> list[int]:
     return [rnd.randrange(1000, 100_000) for _ in range(n)]
 
 
-def _prefill(trio: Trio, prompt: list[int], prefill: servers.Server | None = None) -> dict[str, Any]:
+def _prefill(pd_set: PDSet, prompt: list[int], prefill: servers.Server | None = None) -> dict[str, Any]:
     body = {
         "token_ids": prompt,
         "cache_salt": salt(),
         "sampling_params": {"max_tokens": 1, "min_tokens": 1},
         "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
     }
-    r = httpx.post((prefill or trio.prefill).url + GENERATE, json=body, timeout=60)
+    r = httpx.post((prefill or pd_set.prefill).url + GENERATE, json=body, timeout=60)
     assert r.status_code == 200, r.text
     kv = r.json()["kv_transfer_params"]
     assert kv["do_remote_prefill"] is True and kv["remote_block_ids"]
@@ -226,39 +176,44 @@ def test_a_kv_load_failure_before_the_first_token_is_a_502_naming_the_prefill_in
 # ----------------------------------------------------------------- the faults
 
 
-def test_both_decode_instances_decode_from_the_prefill_kv(trio):
-    """The set-up works (and each decode instance has done its NIXL handshake with each prefill one)."""
+def test_both_decode_instances_decode_from_the_prefill_kv(pd_set):
+    """The set-up works (and each decode instance has done its NIXL handshake with the prefill one)."""
     p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
-    for p in (trio.prefill, trio.doomed):
-        for d in (trio.fail, trio.recompute):
-            # A pair's first leg does the NIXL handshake and the first transfer; on a loaded machine it
-            # has once run past the test deadline (a clear 504): the second leg must then succeed.
-            for attempt in range(2):
-                prompt = _prompt()
-                before = metrics(d.url)[p2p]
-                r, _ = _decode(d.url, prompt, _prefill(trio, prompt, p))
-                if r.status_code != 504:
-                    break
-                print(f"MEASURED first leg {p.name} -> {d.name}: 504 at the deadline; trying once more")
-            assert r.status_code == 200, r.text
-            local, _ = _decode(d.url, prompt, None)
-            assert r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
-            assert metrics(d.url)[p2p] - before == len(prompt)
-    for s in (trio.prefill, trio.doomed, trio.fail, trio.recompute):
+    for d in (pd_set.fail, pd_set.recompute):
+        # A pair's first leg does the NIXL handshake and the first transfer; on a loaded machine it
+        # has once run past the test deadline (a clear 504): the second leg must then succeed.
+        for attempt in range(2):
+            prompt = _prompt()
+            before = metrics(d.url)[p2p]
+            r, _ = _decode(d.url, prompt, _prefill(pd_set, prompt))
+            if r.status_code != 504:
+                break
+            print(f"MEASURED first leg {pd_set.prefill.name} -> {d.name}: 504 at the deadline; trying once more")
+        assert r.status_code == 200, r.text
+        local, _ = _decode(d.url, prompt, None)
+        assert r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
+        assert metrics(d.url)[p2p] - before == len(prompt)
+    for s in pd_set.everyone:
         _until_idle(s.url, 10)
 
 
 @FAULT_TIMEOUT
-def test_an_unreachable_side_channel_fails_fast_or_recomputes_and_the_lease_frees_the_prefill(trio):
+def test_an_unreachable_side_channel_fails_fast_or_recomputes_and_the_lease_frees_the_prefill(pd_set):
     """Fault 2: `kv_transfer_params` name a prefill engine the decode instance has not met at a port
     nobody listens on. vLLM's handshake gives up after its 5 s ZMQ timeout: `fail` answers 502
     naming the prefill instance (or 504, should our deadline come first on a loaded box),
     `recompute` computes the prompt locally (the same tokens).
-    The prefill instance frees the blocks when its lease runs out."""
+    The prefill instance frees the blocks when its lease runs out. (Both decode legs at once: each
+    waits out its own handshake timeout.)"""
     prompt = _prompt()
-    kv = _prefill(trio, prompt)
+    kv = _prefill(pd_set, prompt)
     wrong = {**kv, "remote_engine_id": f"nobody-{time.monotonic_ns()}", "remote_port": servers.free_port()}
-    r, took = _decode(trio.fail.url, prompt, wrong)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        failed = pool.submit(_decode, pd_set.fail.url, prompt, wrong)
+        recomputed = pool.submit(
+            _decode, pd_set.recompute.url, prompt, {**wrong, "remote_engine_id": f"nobody-{time.monotonic_ns()}"}
+        )
+        (r, took), (recomputed_r, recomputed_took) = failed.result(), recomputed.result()
     _measured(f"unreachable side channel, fail policy, time to error ({r.status_code})", took)
     # vLLM's handshake timeout (502) comes first unless the box is so loaded that ours does (504).
     assert r.status_code in _EXPECTED, r.text
@@ -266,91 +221,90 @@ def test_an_unreachable_side_channel_fails_fast_or_recomputes_and_the_lease_free
     assert error["message"].startswith(_EXPECTED[r.status_code])
     assert str(wrong["remote_port"]) in error["message"] and error["param"] == "kv_transfer_params"
     assert took < BOUND_S
-    r, took = _decode(trio.recompute.url, prompt, {**wrong, "remote_engine_id": f"nobody-{time.monotonic_ns()}"})
-    _measured("unreachable side channel, recompute policy, time to the answer", took)
-    assert r.status_code == 200, r.text
-    local, _ = _decode(trio.recompute.url, prompt, None)
-    assert r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
-    assert took < BOUND_S
-    for d in (trio.fail, trio.recompute):
+    _measured("unreachable side channel, recompute policy, time to the answer", recomputed_took)
+    assert recomputed_r.status_code == 200, recomputed_r.text
+    local, _ = _decode(pd_set.recompute.url, prompt, None)
+    assert recomputed_r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
+    assert recomputed_took < BOUND_S
+    for d in (pd_set.fail, pd_set.recompute):
         _until_idle(d.url, 5)
-    _until_idle(trio.prefill.url, LEASE_S + 15)  # its lease ran out meanwhile (see the killed-decode test)
+    _until_idle(pd_set.prefill.url, LEASE_S + 15)  # its lease ran out meanwhile (see the killed-decode test)
 
 
 @FAULT_TIMEOUT
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_stalled_prefill_instance_ends_the_decode_leg_at_our_deadline(trio, stream):
+def test_a_stalled_prefill_instance_ends_the_decode_leg_at_our_deadline(pd_set):
     """Fault 4: the prefill instance is stopped (SIGSTOP) after answering: the pull never completes
     and vLLM does not bound it. At DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S the decode server
-    aborts the engine request and answers 504 before any body (a stream too); once the prefill
-    instance runs again it frees the blocks."""
-    prompt = _prompt()
-    kv = _prefill(trio, prompt)
-    _signal(trio.prefill, signal.SIGSTOP)
+    aborts the engine request and answers 504 before any body, batch and stream (both legs at
+    once); once the prefill instance runs again it frees the blocks."""
+    legs = {stream: (prompt, _prefill(pd_set, prompt)) for stream, prompt in ((False, _prompt()), (True, _prompt()))}
+    _signal(pd_set.prefill, signal.SIGSTOP)
     try:
-        r, took = _decode(trio.fail.url, prompt, kv, stream=stream)
-        _measured(f"stalled prefill (stream={stream}), time to error", took)
-        assert r.status_code == 504, r.text
-        error = _error(r)
-        assert error["message"].startswith(f"remote prefill timed out: no first token {FAIL_DEADLINE_S:g} s after")
-        assert kv["remote_engine_id"] in error["message"]
-        assert FAIL_DEADLINE_S - 0.5 < took < FAIL_DEADLINE_S + 1 <= BOUND_S
-        # The engine request is gone at once; its destination blocks stay until the pull ends
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = {stream: pool.submit(_decode, pd_set.fail.url, p, kv, stream=stream) for stream, (p, kv) in legs.items()}
+            answers = {stream: f.result() for stream, f in futures.items()}
+        for stream, (r, took) in answers.items():
+            _measured(f"stalled prefill (stream={stream}), time to error", took)
+            assert r.status_code == 504, r.text
+            error = _error(r)
+            assert error["message"].startswith(f"remote prefill timed out: no first token {FAIL_DEADLINE_S:g} s after")
+            assert legs[stream][1]["remote_engine_id"] in error["message"]
+            assert FAIL_DEADLINE_S - 0.5 < took < FAIL_DEADLINE_S + 1 <= BOUND_S
+        # The engine requests are gone at once; their destination blocks stay until the pull ends
         # (vLLM frees nothing a transfer in flight may still write).
-        _until_idle(trio.fail.url, 5, blocks=False)
+        _until_idle(pd_set.fail.url, 5, blocks=False)
     finally:
-        _signal(trio.prefill, signal.SIGCONT)
-    t_cont = time.monotonic()
-    for s in (trio.fail, trio.prefill):
-        _measured(f"stalled prefill (stream={stream}), {s.name} holds no block after SIGCONT", _until_idle(s.url, LEASE_S + 15))
+        _signal(pd_set.prefill, signal.SIGCONT)
+    for s in (pd_set.fail, pd_set.prefill):
+        _measured(f"stalled prefill, {s.name} holds no block after SIGCONT", _until_idle(s.url, LEASE_S + 15))
 
 
 @FAULT_TIMEOUT
-def test_a_client_gone_while_its_kv_is_in_flight_leaves_nothing_held(trio):
+def test_a_client_gone_while_its_kv_is_in_flight_leaves_nothing_held(pd_set):
     """Fault 3: the decode leg's client disconnects while its KV pull is outstanding (the prefill
     instance stopped, so it stays outstanding): the decode server aborts the engine request at
     once; the prefill instance frees the blocks once it runs again."""
     prompt = _prompt()
-    kv = _prefill(trio, prompt)
+    kv = _prefill(pd_set, prompt)
     name = 'decode_server_aborts_total{cause="client_disconnect"}'
-    before = metrics(trio.fail.url).get(name, 0.0)
-    _signal(trio.prefill, signal.SIGSTOP)
+    before = metrics(pd_set.fail.url).get(name, 0.0)
+    _signal(pd_set.prefill, signal.SIGSTOP)
     try:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(trio.fail.url + GENERATE, json=_decode_body(prompt, kv, stream=True), timeout=1.5)
+            httpx.post(pd_set.fail.url + GENERATE, json=_decode_body(prompt, kv, stream=True), timeout=1.5)
         t_gone = time.monotonic()
-        took = _until_idle(trio.fail.url, 5, blocks=False)
+        took = _until_idle(pd_set.fail.url, 5, blocks=False)
         _measured("client gone with its KV in flight, decode engine request gone after", took)
-        assert metrics(trio.fail.url).get(name, 0.0) == before + 1
+        assert metrics(pd_set.fail.url).get(name, 0.0) == before + 1
         assert time.monotonic() - t_gone < FAIL_DEADLINE_S - 1.5, "the abort came from the disconnect, not the deadline"
     finally:
-        _signal(trio.prefill, signal.SIGCONT)
-    for s in (trio.fail, trio.prefill):
+        _signal(pd_set.prefill, signal.SIGCONT)
+    for s in (pd_set.fail, pd_set.prefill):
         _measured(f"client gone, {s.name} holds no block after SIGCONT", _until_idle(s.url, LEASE_S + 15))
 
 
 @FAULT_TIMEOUT
-def test_a_killed_decode_instance_leaves_the_prefill_blocks_to_the_lease(trio):
+def test_a_killed_decode_instance_leaves_the_prefill_blocks_to_the_lease(pd_set):
     """Fault 5: the decode instance the prefill instance holds blocks for is killed (SIGKILL):
     nobody will pull or release them, and the prefill instance frees them when the lease
     (`kv_lease_duration`, here 5 s) runs out, counted in `vllm:nixl_num_kv_expired_reqs`."""
     prompt = _prompt()
     expired = "vllm:nixl_num_kv_expired_reqs_total"
-    before = metrics(trio.prefill.url).get(expired, 0.0)
-    _prefill(trio, prompt)  # for the recompute instance, which never pulls it
+    before = metrics(pd_set.prefill.url).get(expired, 0.0)
+    _prefill(pd_set, prompt)  # for the recompute instance, which never pulls it
     t_prefilled = time.monotonic()
-    assert kv_usage(trio.prefill.url) > 0
-    _signal(trio.recompute, signal.SIGKILL)
-    trio.recompute.proc.wait(10)
-    _until_idle(trio.prefill.url, LEASE_S + 15)
+    assert kv_usage(pd_set.prefill.url) > 0
+    _signal(pd_set.recompute, signal.SIGKILL)
+    pd_set.recompute.proc.wait(10)
+    _until_idle(pd_set.prefill.url, LEASE_S + 15)
     freed_after = time.monotonic() - t_prefilled
     _measured("decode killed, prefill blocks freed after the prefill answered (lease)", freed_after)
     assert freed_after > LEASE_S - 1, "freed before the lease ran out"
-    assert metrics(trio.prefill.url).get(expired, 0.0) >= before + 1
+    assert metrics(pd_set.prefill.url).get(expired, 0.0) >= before + 1
 
 
 @FAULT_TIMEOUT
-def test_a_prefill_instance_killed_before_the_pull_fails_within_the_bound(trio):
+def test_a_prefill_instance_killed_before_the_pull_fails_within_the_bound(pd_set):
     """Fault 1: a prefill instance answers, then is killed (SIGKILL) before the decode engine pulls
     the KV: `fail` answers 502 naming it when the connection is refused, or our deadline's 504 when
     the transfer to the dead peer hangs; within the bound either way, no engine request left.
@@ -360,10 +314,10 @@ def test_a_prefill_instance_killed_before_the_pull_fails_within_the_bound(trio):
     still ended the leg with its 504), and the hung NIXL worker stalled both engines for ~100 s.
     Recompute itself is proven by the unreachable-side-channel test."""
     prompt = _prompt()
-    kv = _prefill(trio, prompt, trio.doomed)
-    _signal(trio.doomed, signal.SIGKILL)
-    trio.doomed.proc.wait(10)
-    r, took = _decode(trio.fail.url, prompt, kv)
+    kv = _prefill(pd_set, prompt)
+    _signal(pd_set.prefill, signal.SIGKILL)
+    pd_set.prefill.proc.wait(10)
+    r, took = _decode(pd_set.fail.url, prompt, kv)
     _measured(f"prefill killed, fail policy, time to error ({r.status_code})", took)
     assert r.status_code in _EXPECTED, r.text
     message = _error(r)["message"]
@@ -373,4 +327,4 @@ def test_a_prefill_instance_killed_before_the_pull_fails_within_the_bound(trio):
     # lease test); the leg still ended at our deadline, but the decode instance keeps the
     # destination blocks until NIXL gives the transfer up (as in the stalled case), so only its
     # engine requests are checked then.
-    _until_idle(trio.fail.url, 5, blocks=r.status_code == 502)
+    _until_idle(pd_set.fail.url, 5, blocks=r.status_code == 502)
