@@ -83,10 +83,6 @@ def _long(request_id: str) -> dict[str, Any]:
     return scripted(PROMPT, [], request_id=request_id, sampling_params={"max_tokens": LONG_TOKENS, "ignore_eos": True})
 
 
-# Open bug, not diagnosed yet: in 1 of 4 full runs the abort sent to process 0 did not end
-# "cross-1" on process 1 (no peer timeout logged; the stream ran its 4,000 tokens); 40 runs alone,
-# 16 of them with three CPU hogs, did not repeat it. Rerun once; a failure prints the peers' trace.
-@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(180, func_only=True)
 @pytest.mark.parametrize("holder", [0, 1])
 def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, holder):
@@ -99,9 +95,9 @@ def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, h
         aborter = _connection_to(stack, scaled.url, other)
         r = aborter.post("/abort_requests", json={"request_ids": [f"cross-{holder}"]})
         assert r.status_code == 200 and r.headers[INDEX] == str(other), (r.status_code, r.text)
-        stream.join(10)
+        stream.join(60)  # a hang guard: missed, the abort would leave it running 4,000 tokens
         trace = [line for line in scaled.log_tail(200_000).splitlines() if f"cross-{holder}" in line or "peer" in line]
-        assert not stream.is_alive(), ("the stream did not end within 10 s of its abort", trace[-20:])
+        assert not stream.is_alive(), ("the stream did not end within 60 s of its abort", trace[-20:])
         after = _metric(httpx.get(scaled.url + "/metrics").text, "decode_server_peer_aborts_total")
     assert finish_reason(stream.payloads()) == "abort" and stream.done(), trace[-20:]
     assert after - before == 1, ("the abort was resolved by the peer process (the cross-process path)", trace[-20:])
