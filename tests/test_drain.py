@@ -48,7 +48,11 @@ async def test_what_runs_keeps_running_and_what_is_left_is_aborted_at_the_deadli
     await long_gate.reached()
     await short_gate.reached()
 
-    inproc.lifecycle.begin_drain()
+    with clock.frozen():  # so that the deadline is scheduled exactly `window` after drain_at
+        drain_at = clock.time()
+        inproc.lifecycle.begin_drain()
+        for _ in range(5):  # the loop runs the signal handler's callback, then the deadline task
+            await asyncio.sleep(0)
     short_gate.release()
     events = await asyncio.wait_for(short, 10)
     assert (finish_reason(events), joined_tokens(events), events[-1]) == ("stop", SHORT + [IM_END], "[DONE]")
@@ -56,20 +60,24 @@ async def test_what_runs_keeps_running_and_what_is_left_is_aborted_at_the_deadli
     long_gate.release()
     await further.reached()  # the long one still gets tokens while draining
 
-    await clock.advance(window - 0.5)
-    assert not long.done() and inproc.core.aborted == [], "nothing is aborted before the deadline"
-    await clock.advance(1.0)
-    events = await asyncio.wait_for(long, 10)
+    with clock.frozen():  # from here only the test moves time: a stalled machine cannot
+        while not inproc.core.aborted:
+            assert not long.done(), "nothing ends before the deadline"
+            assert clock.time() - drain_at < window + 2, "no abort at the deadline"
+            await clock.advance(0.25)
+        aborted_after = clock.time() - drain_at
+        events = await long
+        assert not AppStatus.should_exit, "aborted streams get DRAIN_FLUSH_S to send their last chunk"
+        while not AppStatus.should_exit:
+            assert clock.time() - drain_at < aborted_after + DRAIN_FLUSH_S + 1, "sse-starlette never told to close"
+            await clock.advance(0.25)
+        flushed_after = clock.time() - drain_at - aborted_after
+    # The clock moves in steps of 0.25 s: each bound is exact to a step.
+    assert window <= aborted_after < window + 0.5, aborted_after
+    assert DRAIN_FLUSH_S <= flushed_after < DRAIN_FLUSH_S + 0.5, flushed_after
     assert (finish_reason(events), len(joined_tokens(events)), events[-1]) == ("abort", 6, "[DONE]")
     assert await inproc.metric("decode_server_aborts_total", cause="drain") == 1
     assert inproc.engine.live_request_count() == 0 and inproc.core.running == []
-    assert not AppStatus.should_exit, "aborted streams get DRAIN_FLUSH_S to send their last chunk"
-    await clock.advance(DRAIN_FLUSH_S)
-    for _ in range(100):
-        if AppStatus.should_exit:
-            break
-        await asyncio.sleep(0)
-    assert AppStatus.should_exit, "then sse-starlette closes whatever stream is still open"
 
 
 # ------------------------------------------------------------------ real processes
