@@ -47,12 +47,14 @@ async def test_what_runs_keeps_running_and_what_is_left_is_aborted_at_the_deadli
     short = asyncio.create_task(inproc.events(body_for("text", SHORT, request_id="short")))
     await long_gate.reached()
     await short_gate.reached()
+    assert await inproc.metric("decode_server_draining") == 0
 
     with clock.frozen():  # so that the deadline is scheduled exactly `window` after drain_at
         drain_at = clock.time()
         inproc.lifecycle.begin_drain()
         for _ in range(5):  # the loop runs the signal handler's callback, then the deadline task
             await asyncio.sleep(0)
+    assert await inproc.metric("decode_server_draining") == 1
     short_gate.release()
     events = await asyncio.wait_for(short, 10)
     assert (finish_reason(events), joined_tokens(events), events[-1]) == ("stop", SHORT + [IM_END], "[DONE]")
