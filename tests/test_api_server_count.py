@@ -169,7 +169,6 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
         for s in longs.values():
             s.wait_events(3)
         speeds = [s.tokens_per_s() for s in longs.values()]
-        assert max(speeds) * (DRAIN_S + DRAIN_FLUSH_S) * 2 < LONG_TOKENS, f"{speeds} tokens/s: make the long ones longer"
         short_script = [9707] * max(2, int(min(speeds) * DRAIN_S / 4))
         extra = {i: _connection_to(stack, scaled.url, i) for i in (0, 1)}
         shorts = {i: StreamReader(c, scripted(PROMPT, short_script, request_id=f"drain-short-{i}")) for i, c in extra.items()}
@@ -182,7 +181,7 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
           f"(long, short) ends by process: {ends}; all exited after {elapsed:.1f} s")
     assert {s.index for s in longs.values()} == {s.index for s in shorts.values()} == {"0", "1"}
     for i, (long_end, short_end) in ends.items():
-        assert long_end == "abort", f"process {i}: what is left at the deadline ends with abort"
+        assert long_end == "abort", f"process {i}: left at the deadline, it ends with abort ('length': raise LONG_TOKENS)"
         assert short_end in ("stop", "abort"), f"process {i}: {short_end}"
         if short_end == "stop":
             assert joined_tokens(shorts[i].payloads()) == short_script + [IM_END]

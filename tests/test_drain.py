@@ -115,9 +115,7 @@ def test_sigterm_on_a_real_engine_ends_every_stream_then_exits_zero(demo_model, 
         long = StreamReader(server.url, scripted([9707], [], request_id="long", sampling_params=LONG))
         long.wait_events(3)
         speed = long.tokens_per_s()
-        # The long one could finish in the window only at > 4000 / (window + flush) tokens/s;
-        # the short one is sized to a quarter of the window at the speed just measured.
-        assert speed * (window + DRAIN_FLUSH_S) * 4 < LONG["max_tokens"], f"{speed:.0f} tokens/s: make LONG longer"
+        # The short one is sized to a quarter of the window at the speed just measured.
         short_script = [9707] * max(2, int(speed * window / 4))
         short = StreamReader(server.url, scripted([9707], short_script, request_id="short"))
         short.wait_events(1)
@@ -131,7 +129,7 @@ def test_sigterm_on_a_real_engine_ends_every_stream_then_exits_zero(demo_model, 
     assert short_end in ("stop", "abort")
     if short_end == "stop":
         assert joined_tokens(short.payloads()) == short_script + [IM_END]
-    assert finish_reason(long.payloads()) == "abort"
+    assert finish_reason(long.payloads()) == "abort", "if 'length': the engine outran 4,000 tokens, make LONG longer"
     assert long.payloads()[-1] == short.payloads()[-1] == "[DONE]"
     assert code == 0, server.log_tail()
     assert window <= elapsed < window + DRAIN_FLUSH_S + 60, elapsed
