@@ -36,24 +36,33 @@ def log_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
-def _started(server: servers.Server):
-    server.start()
+@pytest.fixture(scope="session")
+def shared_servers(demo_model, log_dir, request):
+    """The two shared engines, each started when a test first needs it, and together with the
+    other when the session's tests need both (the wait is one start-up, not two)."""
+    pool = servers.SharedServers(
+        {
+            # Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers.
+            "server": servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS),
+            # vLLM 0.32's own server on the same engine configuration: the parity oracle.
+            "vllm_server": servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS),
+        },
+        needed={name for item in request.session.items for name in getattr(item, "fixturenames", ())},
+    )
     try:
-        yield server
+        yield pool
     finally:
-        server.stop()
+        pool.stop()
 
 
 @pytest.fixture(scope="session")
-def server(demo_model, log_dir):
-    """Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers."""
-    yield from _started(servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS))
+def server(shared_servers):
+    return shared_servers.get("server")
 
 
 @pytest.fixture(scope="session")
-def vllm_server(demo_model, log_dir):
-    """vLLM 0.32's own server on the same engine configuration: the parity oracle."""
-    yield from _started(servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS))
+def vllm_server(shared_servers):
+    return shared_servers.get("vllm_server")
 
 
 @pytest.fixture

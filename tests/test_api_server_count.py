@@ -32,14 +32,24 @@ PROMPT = [9707, 11, 1879]
 
 
 @pytest.fixture(scope="module")
-def scaled(demo_model, log_dir):
-    server = servers.ours(
+def scale_outs(demo_model, log_dir):
+    """Two `--api-server-count 2` servers, started at once (the wait is one start-up, not two): the
+    shared one, which the drain test ends, and one whose engine core the death test kills."""
+    shared = servers.ours(
         "api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
-    ).start()
+    )
+    doomed = servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2")
+    pool = servers.SharedServers({"scaled": shared, "doomed": doomed}, needed={"scaled", "doomed"})
     try:
-        yield server
+        pool.get("doomed")  # both up before any test: no start-up competes with a test for the CPU
+        yield pool
     finally:
-        server.stop()
+        pool.stop()
+
+
+@pytest.fixture(scope="module")
+def scaled(scale_outs):
+    return scale_outs.get("scaled")
 
 
 def test_both_processes_generate_and_their_engine_sockets_stay_on_disk(scaled):
@@ -192,8 +202,8 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
 
 
 @pytest.mark.timeout(600, func_only=True)
-def test_engine_core_death_ends_every_process_nonzero(demo_model, log_dir):
-    server = servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2").start()
+def test_engine_core_death_ends_every_process_nonzero(scale_outs):
+    server = scale_outs.get("doomed")
     try:
         with ExitStack() as stack:
             streams = {i: StreamReader(_connection_to(stack, server.url, i), _long(f"death-{i}")) for i in (0, 1)}
