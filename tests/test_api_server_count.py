@@ -96,6 +96,8 @@ def _long(request_id: str) -> dict[str, Any]:
 @pytest.mark.timeout(180, func_only=True)
 @pytest.mark.parametrize("holder", [0, 1])
 def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, holder):
+    """The orders a real engine reaches only by chance (the id just finished on the receiving
+    process, or live on both) are held by gates in tests/test_peers_inprocess.py."""
     other = 1 - holder
     with ExitStack() as stack:
         stream = StreamReader(_connection_to(stack, scaled.url, holder), _long(f"cross-{holder}"))
