@@ -1,8 +1,9 @@
 """Session-scoped real engines, one per server configuration, started lazily and shared.
 
-The two shared ones: ours as a decode pool runs it, and vLLM's own as the oracle. A module that needs
-another real configuration starts its own; one that differs only in frontend behaviour (tokens-only
-rules, no parsers, another stream interval) is checked in process (tests/inprocess.py)."""
+The shared ones: ours as a decode pool runs it and vLLM's own as the oracle, and the production-like
+one (every frontend flag and LoRA adapters, tests/prod_server.py). A module that needs another real
+configuration starts its own; one that differs only in frontend behaviour (tokens-only rules, no
+parsers, another stream interval) is checked in process (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ import pytest
 
 from decode_server.compat import VLLM_LINE
 from decode_server.tools.demo_model import build_demo_model
+from tests import prod_server as prod
 from tests import servers
 
 # tests/vllm033 is its own session on vLLM 0.33's modules: tests/test_vllm033.py starts it (and fails
 # with its output), so the suite on 0.32 runs it through that one test, not by collecting it.
 collect_ignore = [] if VLLM_LINE == "0.33" else ["vllm033"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ends_prod_server: ends the shared prod_server (runs after every other test)")
+
+
+def pytest_collection_modifyitems(items):
+    enders = [item for item in items if item.get_closest_marker("ends_prod_server")]
+    items[:] = [item for item in items if item not in enders] + enders
 
 
 @pytest.fixture(scope="session")
@@ -36,24 +47,51 @@ def log_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
-def _started(server: servers.Server):
-    server.start()
+@pytest.fixture(scope="session")
+def shared_servers(demo_model, log_dir, request):
+    """The two shared engines, each started when a test first needs it, and together with the
+    other when the session's tests need both (the wait is one start-up, not two)."""
+    pool = servers.SharedServers(
+        {
+            # Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers.
+            "server": servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS),
+            # vLLM 0.32's own server on the same engine configuration: the parity oracle.
+            "vllm_server": servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS),
+        },
+        needed={name for item in request.session.items for name in getattr(item, "fixturenames", ())},
+    )
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.fixture(scope="session")
+def server(shared_servers):
+    return shared_servers.get("server")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(shared_servers):
+    return shared_servers.get("vllm_server")
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(demo_model, tmp_path_factory) -> dict[str, Path]:
+    """Two random-weight adapters for the demo model: one the prod server serves from its start, one
+    loaded at runtime."""
+    root = tmp_path_factory.mktemp("lora")
+    return {name: prod.build_adapter(demo_model, root / name, seed) for name, seed in ((prod.ADAPTER, 1), ("second", 2))}
+
+
+@pytest.fixture(scope="session")
+def prod_server(demo_model, log_dir, lora_adapters):
+    """Every frontend flag and LoRA on one real engine (tests/prod_server.py)."""
+    server = prod.start(demo_model, log_dir, lora_adapters[prod.ADAPTER])
     try:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def server(demo_model, log_dir):
-    """Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers."""
-    yield from _started(servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS))
-
-
-@pytest.fixture(scope="session")
-def vllm_server(demo_model, log_dir):
-    """vLLM 0.32's own server on the same engine configuration: the parity oracle."""
-    yield from _started(servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS))
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from decode_server.compat import cli_args
 from decode_server.http.app import build_app
 from decode_server.process.cli import build_parser, server_config
 from decode_server.runtime.engine import Engine
+from decode_server.runtime.peers import Peers
 from decode_server.process.server import Lifecycle
 from tests.asgi_stream import StreamingASGITransport
 from tests.scripted import ScriptedAsyncLLM, ScriptedCore, engine_setup
@@ -130,11 +131,13 @@ class InProcess:
 
 
 @contextlib.asynccontextmanager
-async def serve(model_dir: Path, *flags: str) -> AsyncIterator[InProcess]:
+async def serve(model_dir: Path, *flags: str, peers: Peers | None = None) -> AsyncIterator[InProcess]:
+    """`peers`: this app's end of the channel to other API processes' apps (--api-server-count N,
+    each app one process; several can share the test's loop)."""
     args = serve_args(model_dir, *flags)
     llm = ScriptedAsyncLLM(engine_setup(engine_args(args)))
     lifecycle = Lifecycle(args.shutdown_timeout)
-    app = build_app(lambda: Engine(llm, tokens_only=args.tokens_only), server_config(args), lifecycle)
+    app = build_app(lambda: Engine(llm, tokens_only=args.tokens_only), server_config(args), lifecycle, peers)
     try:
         async with app.router.lifespan_context(app):
             async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url=BASE_URL, timeout=30) as client:

@@ -6,6 +6,7 @@ Engine start costs ~30 s, so each configuration is started once per session
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import socket
@@ -28,6 +29,9 @@ ENGINE_FLAGS = [
     "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
     "--logits-processors", REPLAY,
     "--seed", "0",
+    # No torch.compile: both sides of every comparison here run these flags, and compiling (with its
+    # warm-up run) costs each engine start 10-40 s on a 2-core machine.
+    "--enforce-eager",
 ]
 PARSER_FLAGS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
 
@@ -96,3 +100,25 @@ def vllms_own(name: str, model_dir: Path, log_dir: Path, *extra: str) -> Server:
         "--model", str(model_dir), "--host", "127.0.0.1", "--enable-scale-out", *ENGINE_FLAGS, *extra,
     ]
     return Server(name, argv, log_dir)
+
+
+class SharedServers:
+    """Servers shared by a session, by fixture name: `get(name)` starts it, and with it every other
+    one of them the session will need (`needed`: the fixture names its tests use), all at once."""
+
+    def __init__(self, by_name: dict[str, Server], needed: set[str]):
+        self._by_name, self._needed = by_name, needed
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(by_name))
+        self._starts: dict[str, concurrent.futures.Future] = {}
+
+    def get(self, name: str) -> Server:
+        for other in (name, *sorted(self._needed & self._by_name.keys())):
+            if other not in self._starts:
+                self._starts[other] = self._pool.submit(self._by_name[other].start)
+        return self._starts[name].result()
+
+    def stop(self) -> None:
+        for name, start in self._starts.items():
+            start.exception()  # wait for a start still under way before stopping it
+            self._by_name[name].stop()
+        self._pool.shutdown()

@@ -32,14 +32,24 @@ PROMPT = [9707, 11, 1879]
 
 
 @pytest.fixture(scope="module")
-def scaled(demo_model, log_dir):
-    server = servers.ours(
+def scale_outs(demo_model, log_dir):
+    """Two `--api-server-count 2` servers, started at once (the wait is one start-up, not two): the
+    shared one, which the drain test ends, and one whose engine core the death test kills."""
+    shared = servers.ours(
         "api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
-    ).start()
+    )
+    doomed = servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2")
+    pool = servers.SharedServers({"scaled": shared, "doomed": doomed}, needed={"scaled", "doomed"})
     try:
-        yield server
+        pool.get("doomed")  # both up before any test: no start-up competes with a test for the CPU
+        yield pool
     finally:
-        server.stop()
+        pool.stop()
+
+
+@pytest.fixture(scope="module")
+def scaled(scale_outs):
+    return scale_outs.get("scaled")
 
 
 def test_both_processes_generate_and_their_engine_sockets_stay_on_disk(scaled):
@@ -83,13 +93,11 @@ def _long(request_id: str) -> dict[str, Any]:
     return scripted(PROMPT, [], request_id=request_id, sampling_params={"max_tokens": LONG_TOKENS, "ignore_eos": True})
 
 
-# Open bug, not diagnosed yet: in 1 of 4 full runs the abort sent to process 0 did not end
-# "cross-1" on process 1 (no peer timeout logged; the stream ran its 4,000 tokens); 40 runs alone,
-# 16 of them with three CPU hogs, did not repeat it. Rerun once; a failure prints the peers' trace.
-@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(180, func_only=True)
 @pytest.mark.parametrize("holder", [0, 1])
 def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, holder):
+    """The orders a real engine reaches only by chance (the id just finished on the receiving
+    process, or live on both) are held by gates in tests/test_peers_inprocess.py."""
     other = 1 - holder
     with ExitStack() as stack:
         stream = StreamReader(_connection_to(stack, scaled.url, holder), _long(f"cross-{holder}"))
@@ -99,9 +107,9 @@ def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, h
         aborter = _connection_to(stack, scaled.url, other)
         r = aborter.post("/abort_requests", json={"request_ids": [f"cross-{holder}"]})
         assert r.status_code == 200 and r.headers[INDEX] == str(other), (r.status_code, r.text)
-        stream.join(10)
+        stream.join(60)  # a hang guard: missed, the abort would leave it running 4,000 tokens
         trace = [line for line in scaled.log_tail(200_000).splitlines() if f"cross-{holder}" in line or "peer" in line]
-        assert not stream.is_alive(), ("the stream did not end within 10 s of its abort", trace[-20:])
+        assert not stream.is_alive(), ("the stream did not end within 60 s of its abort", trace[-20:])
         after = _metric(httpx.get(scaled.url + "/metrics").text, "decode_server_peer_aborts_total")
     assert finish_reason(stream.payloads()) == "abort" and stream.done(), trace[-20:]
     assert after - before == 1, ("the abort was resolved by the peer process (the cross-process path)", trace[-20:])
@@ -173,7 +181,6 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
         for s in longs.values():
             s.wait_events(3)
         speeds = [s.tokens_per_s() for s in longs.values()]
-        assert max(speeds) * (DRAIN_S + DRAIN_FLUSH_S) * 2 < LONG_TOKENS, f"{speeds} tokens/s: make the long ones longer"
         short_script = [9707] * max(2, int(min(speeds) * DRAIN_S / 4))
         extra = {i: _connection_to(stack, scaled.url, i) for i in (0, 1)}
         shorts = {i: StreamReader(c, scripted(PROMPT, short_script, request_id=f"drain-short-{i}")) for i, c in extra.items()}
@@ -186,7 +193,7 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
           f"(long, short) ends by process: {ends}; all exited after {elapsed:.1f} s")
     assert {s.index for s in longs.values()} == {s.index for s in shorts.values()} == {"0", "1"}
     for i, (long_end, short_end) in ends.items():
-        assert long_end == "abort", f"process {i}: what is left at the deadline ends with abort"
+        assert long_end == "abort", f"process {i}: left at the deadline, it ends with abort ('length': raise LONG_TOKENS)"
         assert short_end in ("stop", "abort"), f"process {i}: {short_end}"
         if short_end == "stop":
             assert joined_tokens(shorts[i].payloads()) == short_script + [IM_END]
@@ -197,8 +204,8 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
 
 
 @pytest.mark.timeout(600, func_only=True)
-def test_engine_core_death_ends_every_process_nonzero(demo_model, log_dir):
-    server = servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2").start()
+def test_engine_core_death_ends_every_process_nonzero(scale_outs):
+    server = scale_outs.get("doomed")
     try:
         with ExitStack() as stack:
             streams = {i: StreamReader(_connection_to(stack, server.url, i), _long(f"death-{i}")) for i in (0, 1)}

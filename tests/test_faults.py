@@ -1,4 +1,5 @@
-"""Faults at the transport and around aborts (issue #15, items 2-4), on one real engine with 4 slots.
+"""Faults at the transport and around aborts (issue #15, items 2-4), on one real engine with 4 slots;
+last, that engine's core killed mid-stream (the server's end).
 
 Each test states the bound it guarantees; the README's Reliability table repeats it. The test
 server shortens the transport bounds through their environment variables (the production
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import socket
 import struct
 import time
@@ -24,7 +27,9 @@ import pytest
 
 from decode_server.runtime import engine as engine_module
 from tests import servers
-from tests.support import GENERATE, scripted
+from tests.processes import engine_cores
+from tests.stream_reader import StreamReader
+from tests.support import GENERATE, post, scripted
 
 pytestmark = pytest.mark.reliability
 
@@ -46,6 +51,7 @@ GAUGES = (
 
 @pytest.fixture(scope="module")
 def faults(demo_model, log_dir):
+    """The last test kills its engine core (the server's end)."""
     env = {
         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S),
         "DECODE_SERVER_REQUEST_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
@@ -663,3 +669,41 @@ def test_a_retry_after_a_late_abort_runs_normally(faults):
     retry = httpx.post(url + GENERATE, json=body, timeout=60).json()["choices"][0]
     assert retry["finish_reason"] == "stop" and retry["token_ids"] == [9707, 11, IM_END]
     _wait_idle(url, 5.0)
+
+
+# ---------------------------------------------------------------- last: the engine dies (the server's end)
+
+DEAD = "the engine is dead; this server will restart"
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_real_engine_core_killed_mid_stream(faults):
+    """Open streams end with a 503 error event, /health and new requests answer 503 for the grace
+    period, then the process exits non-zero (so it is restarted). Every answer is checked in process,
+    deterministically (the scripted engine's `die()`): tests/test_admission_inprocess.py. Here the core
+    process is killed (SIGKILL) and vLLM notices at its own speed, so everything is checked in the
+    order it must happen (the error event, then /health and a new request inside the grace the
+    server lingers for, then the exit), not against the wall clock."""
+    stream = StreamReader(faults.url, scripted(PROMPT, [], sampling_params=LONG))
+    stream.wait_events(3)
+    children = psutil.Process(faults.proc.pid).children(recursive=True)
+    killed_at = time.monotonic()
+    for p in engine_cores(faults):
+        os.kill(p.pid, signal.SIGKILL)
+    stream.join(120)
+    assert stream.done(), stream.payloads()[-3:]
+    # Asked the moment the error event arrived: well inside the ENGINE_DEATH_GRACE_S (2 s) the
+    # server stays up after its watchdog notices the death.
+    error_at = stream.events[-2][0]
+    health = httpx.get(faults.url + "/health", timeout=10)
+    new = post(faults.url, {"token_ids": PROMPT})
+    code = faults.proc.wait(120)
+    _, alive = psutil.wait_procs(children, timeout=30)
+    print(f"engine core killed → error event after {error_at - killed_at:.1f} s")
+    *tokens, error, _ = stream.payloads()
+    assert len(tokens) >= 3
+    assert error == {"error": {"message": DEAD, "type": "ServiceUnavailableError", "param": None, "code": 503}}
+    assert (health.status_code, health.json()["error"]["message"]) == (503, "the engine is dead")
+    assert (new.status_code, new.json()["error"]["message"]) == (503, DEAD)
+    assert code == 1, faults.log_tail()
+    assert not alive, f"outlived the server: {alive}"

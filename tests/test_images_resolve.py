@@ -27,6 +27,7 @@ mirror), DECODE_SERVER_WHEELS (a folder of wheels); DECODE_SERVER_OFFLINE=1 skip
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -358,15 +359,29 @@ def resolve(image: Image, pypi: str, tmp_path: Path) -> tuple[dict, dict, list[s
         index += [arg for w in wheels for arg in ("--find-links", str(w.parent))]
         notes.append(f"{url} unreachable ({reason}); {', '.join(w.name for w in wheels)} from a local folder stood in for it")
     started = time.monotonic()
-    main = run_pip_report(
-        [*target, *index, *(str(r) for r in resolved.requirements), *project_dependencies()],
-        tmp_path / "report.json",
-        RESOLVE_TIMEOUT_S,
-    )
-    meta = run_pip_report([*target, "--index-url", pypi, "--no-deps", *(str(r) for r in no_deps.requirements)],
-                          tmp_path / "no-deps.json", 120)
-    notes.append(f"resolved {len(main['install'])} packages in {time.monotonic() - started:.1f} s")
-    return main, meta, notes
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both wait on the network, not the CPU
+        main = pool.submit(
+            run_pip_report,
+            [*target, *index, *(str(r) for r in resolved.requirements), *project_dependencies()],
+            tmp_path / "report.json",
+            RESOLVE_TIMEOUT_S,
+        )
+        meta = pool.submit(
+            run_pip_report,
+            [*target, "--index-url", pypi, "--no-deps", *(str(r) for r in no_deps.requirements)],
+            tmp_path / "no-deps.json",
+            120,
+        )
+        main_report, meta_report = main.result(), meta.result()
+    notes.append(f"resolved {len(main_report['install'])} packages in {time.monotonic() - started:.1f} s")
+    return main_report, meta_report, notes
+
+
+@pytest.fixture(scope="module")
+def resolutions(pypi, tmp_path_factory):
+    """Every image resolved at once (each test waits for its own, and fails or skips alone)."""
+    with concurrent.futures.ThreadPoolExecutor(len(IMAGES)) as pool:
+        yield {image.name: pool.submit(resolve, image, pypi, tmp_path_factory.mktemp(image.name)) for image in IMAGES}
 
 
 def installed(report: dict) -> dict[str, dict]:
@@ -374,8 +389,8 @@ def installed(report: dict) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("image", IMAGES, ids=_image_id)
-def test_image_pins_resolve(image, pypi, tmp_path, record_property):
-    main, meta_report, notes = resolve(image, pypi, tmp_path)
+def test_image_pins_resolve(image, resolutions, record_property):
+    main, meta_report, notes = resolutions[image.name].result()
     for note in notes:
         print(f"[{image.name}] {note}")
     record_property("resolution", "; ".join(notes))

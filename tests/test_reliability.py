@@ -2,7 +2,7 @@
 
 Everything targets loopback, bounded in count and time. Abort edge cases are tested in process
 (tests/test_aborts_inprocess.py, which has the same storm over the scripted engine); engine death
-in tests/test_engine_death.py.
+in tests/test_faults.py (its last test).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 vLLM's API processes share only the engine core, and the core knows a request by an internal id
 (the caller's id plus 8 random characters, added by the AsyncLLM of the process that admitted it),
 so only that process can abort it. Each process binds one zmq ROUTER socket (ipc) and asks its
-peers, over a DEALER to each, about every id it does not hold itself:
+peers, over a DEALER to each, about every id it is asked to abort (held here or not: a caller's id
+may name requests on several processes):
 
 - `abort`: each peer aborts what it holds under those ids and says which ids it knows (live or
   just finished);
@@ -67,26 +68,27 @@ class Peers:
     # ------------------------------------------------------------ asking
 
     async def abort(self, ids: list[str]) -> int:
-        """Abort by caller id in whichever process holds each; returns the engine requests aborted."""
+        """Abort by caller id in every process holding each; returns the engine requests aborted.
+
+        Every peer is asked whatever this process knows: a caller's id is not unique across
+        processes (a retry of a request that just ended here may run on another, and one process
+        aborts every request under an id), so knowing an id here never settles it."""
         engine = self._engine
         aborted = len(await engine.abort(ids, remember=False))
-        unknown = [i for i in ids if not engine.knows(i)]
-        if not unknown:
-            return aborted
-        known: set[str] = set()
+        known = {i for i in ids if engine.knows(i)}
         by_peers = 0
-        for reply in await self._ask_all({"op": "abort", "ids": unknown}):
+        for reply in await self._ask_all({"op": "abort", "ids": ids}):
             by_peers += reply["aborted"]
             known.update(reply["known"])
-        rest = [i for i in unknown if i not in known]
+        rest = [i for i in ids if i not in known]
         if rest:  # nobody holds them (yet): every process remembers them, as one process would
             replies = await self._ask_all({"op": "remember", "ids": rest})
             by_peers += sum(r["aborted"] for r in replies)  # one that arrived there meanwhile
             aborted += len(await engine.abort(rest))
         if by_peers and self._metrics.peer_aborts is not None:
             self._metrics.peer_aborts.inc(by_peers)
-        # One line per abort that needed the peers: the only trace of which process did what.
-        log.info("abort %s: %d here, %d by peers (known there: %s; remembered: %s)", unknown, aborted, by_peers, sorted(known), rest)
+        # One line per abort: the only trace of which process did what.
+        log.info("abort %s: %d here, %d by peers (known: %s; remembered: %s)", ids, aborted, by_peers, sorted(known), rest)
         return aborted + by_peers
 
     async def refresh_metrics(self) -> None:
