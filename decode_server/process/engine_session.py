@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import multiprocessing
 import multiprocessing.spawn
 import multiprocessing.util
@@ -33,6 +34,8 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
+
+log = logging.getLogger("decode_server.process.engine_session")
 
 PR_SET_PDEATHSIG = 1
 # What the engine gets when the server dies: vLLM's engine core shuts down (and stops its workers) on it.
@@ -73,12 +76,20 @@ class _AfterFork:
 _wrappers: dict[tuple[str, int], tempfile.TemporaryDirectory] = {}
 
 
-def _wrapper(python: str, parent: int) -> str:
+def _wrapper(python: str, parent: int) -> str | None:
     """The spawn executable: a script that lives as long as the server (its shell reads it after
-    the exec that starts the child returns)."""
+    the exec that starts the child returns). None where the temporary directory is mounted noexec."""
     directory = _wrappers.get((python, parent))
     if directory is None:
-        directory = _wrappers[(python, parent)] = tempfile.TemporaryDirectory(prefix="decode-server-engine-")
+        directory = tempfile.TemporaryDirectory(prefix="decode-server-engine-")
+        if os.statvfs(directory.name).f_flag & os.ST_NOEXEC:
+            log.warning(
+                "%s is mounted noexec: vLLM's engine processes stay in the server's process group "
+                "(a signal to the whole group reaches them; set TMPDIR to an exec mount)", tempfile.gettempdir()
+            )
+            directory.cleanup()
+            return None
+        _wrappers[(python, parent)] = directory
         code = f"from {__name__} import exec_detached; exec_detached()"
         with open(os.path.join(directory.name, "python"), "w") as f:
             f.write(f'#!/bin/sh\nexec {shlex.quote(python)} -c {shlex.quote(code)} {parent} {shlex.quote(python)} "$@"\n')
@@ -94,7 +105,7 @@ def engine_session() -> Iterator[None]:
     previous = os.fsdecode(multiprocessing.spawn.get_executable())
     hook = _AfterFork(parent)
     multiprocessing.util.register_after_fork(hook, _AfterFork.__call__)
-    multiprocessing.spawn.set_executable(_wrapper(previous, parent))
+    multiprocessing.spawn.set_executable(_wrapper(previous, parent) or previous)
     try:
         yield
     finally:
