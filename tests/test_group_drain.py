@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import httpx
 import psutil
 
 from tests import servers
@@ -18,7 +19,7 @@ from tests.observability_queries import Query, dashboard_queries, load_dashboard
 from tests.processes import engine_cores
 from tests.prometheus_server import Prometheus, prometheus
 from tests.stream_reader import StreamReader
-from tests.support import choice_chunks, finish_reason, joined_text, joined_tokens
+from tests.support import GENERATE, choice_chunks, finish_reason, joined_text, joined_tokens
 
 IM_END = 151645
 MODES = ("tokens", "text", "derender")
@@ -27,6 +28,7 @@ STREAMS = 16
 # well inside the window on 2 shared cores.
 SCRIPT = [9707] * 64
 WINDOW_S = 120
+ENDLESS = {"max_tokens": 4000, "ignore_eos": True}
 
 
 def _detached(server: servers.Server) -> list[psutil.Process]:
@@ -60,12 +62,21 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(demo_m
     prometheus()  # missing: a failure that says how to install it, before the engine starts
     server = servers.ours(
         "group-drain", demo_model, log_dir, *servers.PARSER_FLAGS, "--shutdown-timeout", str(WINDOW_S),
+        "--max-num-seqs", str(STREAMS + 1),
     ).start()
     prom = None
     try:
         prom = Prometheus(tmp_path, server.url.removeprefix("http://"))
         cores = _detached(server)
         everyone = [*psutil.Process(server.proc.pid).children(recursive=True)]
+        warm = httpx.post(server.url + GENERATE, json=body_for("tokens", SCRIPT[:8], request_id="warm"), timeout=120)
+        assert warm.status_code == 200, warm.text
+        panels = _engine_panels()
+        prom.until(lambda: all(prom.query(q.promql) for q in panels), f"data for {[q.where for q in panels]}")
+        # One more, endless (first, so it has a slot): it keeps the drain open until the test has
+        # seen the drain scraped, then it is aborted.
+        held = StreamReader(server.url, body_for("tokens", [], request_id="group-held", sampling_params=ENDLESS))
+        held.wait_events(1)
         readers = [
             StreamReader(server.url, body_for(MODES[i % len(MODES)], SCRIPT, request_id=f"group-{i}"))
             for i in range(STREAMS)
@@ -73,14 +84,15 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(demo_m
         for reader in readers:
             reader.wait_events(1)
         assert not any(r.done() for r in readers), "every stream is open when the signal comes"
-        panels = _engine_panels()
-        prom.until(lambda: all(prom.query(q.promql) for q in panels), f"data for {[q.where for q in panels]}")
         started = time.monotonic()
         os.killpg(server.proc.pid, signal.SIGTERM)
         prom.until(lambda: prom.query('decode_server_draining{job="decode-server"} == 1'), "scraping the drain")
-        assert not all(r.done() for r in readers), "scraped while streams were still open"
         for reader in readers:
             reader.join(WINDOW_S + 30)
+        assert server.proc.poll() is None and not held.done(), "the drain lasts while a request is in flight"
+        aborted = httpx.post(server.url + "/abort_requests", json={"request_ids": ["group-held"]}, timeout=10)
+        assert aborted.status_code == 200, aborted.text
+        held.join(30)
         code = server.proc.wait(60)
         elapsed = time.monotonic() - started
         _, alive = psutil.wait_procs([*everyone, *cores], timeout=30)
@@ -94,6 +106,7 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(demo_m
     assert [_output(r) for r in readers] == [
         {"tokens": SCRIPT + [IM_END], "text": text, "derender": text}[MODES[i % len(MODES)]] for i in range(STREAMS)
     ]
+    assert (finish_reason(held.payloads()), held.payloads()[-1]) == ("abort", "[DONE]")
     assert code == 0, server.log_tail()
     assert elapsed < WINDOW_S, f"{elapsed:.1f} s: the drain ended when the streams did, not at the deadline"
     assert not alive, f"outlived the server: {alive}"
