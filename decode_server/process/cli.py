@@ -170,6 +170,7 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     config = server_config(args)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
+
     def start_engine() -> Engine:
         with engine_session():  # a signal to our process group drains; it does not kill the engine
             return Engine.start(engine_args, tokens_only=args.tokens_only)
