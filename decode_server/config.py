@@ -13,6 +13,8 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # After the drain deadline, how long aborted streams get to send their last chunk.
 DRAIN_FLUSH_S = 2.0
+# How often the drain checks whether a request is still in flight (uvicorn polls its exit flag as often).
+DRAIN_POLL_S = 0.1
 # After the engine dies, how long open streams get to send their error event before exit.
 ENGINE_DEATH_GRACE_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 0.5

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import uvicorn
-
-from decode_server.process.server import uvicorn_config
+from decode_server.process.server import DrainingServer, uvicorn_config
 from tests.inprocess import InProcess, serve
 from tests.scripted import ScriptedCore
 
@@ -39,6 +37,7 @@ class Loopback:
     url: str
     inproc: InProcess
     loop: asyncio.AbstractEventLoop
+    server: DrainingServer
 
     @property
     def core(self) -> ScriptedCore:
@@ -72,8 +71,11 @@ def loopback(model_dir: Path, *flags: str) -> Iterator[Loopback]:
         async with serve(model_dir, *flags) as inproc:
             config = uvicorn_config(inproc.app, inproc.args, inproc.state.config)
             config.lifespan = "off"
-            server = uvicorn.Server(config)
-            started.update(server=server, srv=Loopback(url, inproc, asyncio.get_running_loop()))
+            # Our uvicorn, tied to the app's lifecycle as `server.run` ties them (its signal handler
+            # is not installed off the main thread: a test calls `handle_exit`).
+            server = DrainingServer(config, inproc.lifecycle)
+            inproc.lifecycle._server = server
+            started.update(server=server, srv=Loopback(url, inproc, asyncio.get_running_loop(), server))
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             while not server.started and not serving.done():
                 await asyncio.sleep(0.01)

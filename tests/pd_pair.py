@@ -30,6 +30,7 @@ import httpx
 import pytest
 
 from tests import servers
+from tests.processes import signal_all
 
 # The progress-thread poll timeout NIXL gets in the test servers (see the module docstring).
 NIXL_PROGRESS_DELAY_US = 1000
@@ -290,9 +291,8 @@ def _stop_set() -> None:
     global _SET
     if _SET is None:
         return
-    for s in _SET.everyone:  # a stopped (SIGSTOP) group would not see the SIGTERM
-        if s.proc is not None and s.proc.poll() is None:
-            os.killpg(s.proc.pid, signal.SIGCONT)
+    for s in _SET.everyone:  # a stopped (SIGSTOP) server or engine would not see the SIGTERM
+        signal_all(s, signal.SIGCONT)
     stop_all(_SET.everyone)
     _SET = None
 

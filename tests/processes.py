@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -16,6 +17,17 @@ def engine_cores(server: Server) -> list[psutil.Process]:
     cores = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
     assert cores, [p.name() for p in children]
     return cores
+
+
+def signal_all(server: Server, sig: int) -> None:
+    """To the server and every process under it: its engine processes are in a session of their own
+    (decode_server/process/engine_session.py), so a signal to its process group misses them."""
+    if server.proc is None or server.proc.poll() is not None:
+        return
+    top = psutil.Process(server.proc.pid)
+    for proc in [top, *top.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(sig)
 
 
 def sigterm_and_wait(server: Server, readers: list[threading.Thread]) -> tuple[int, float, list[psutil.Process]]:

@@ -40,10 +40,11 @@ class _ReleasingLifecycle(Lifecycle):
         super().attach(engine, metrics)
         self.serving_loop = asyncio.get_running_loop()
 
-    def begin_drain(self) -> None:
-        super().begin_drain()
+    def begin_drain(self) -> bool:
+        draining = super().begin_drain()
         for gate in self.gates:  # from the signal handler: the gates live on the serving loop
             self.serving_loop.call_soon_threadsafe(gate.release)
+        return draining
 
 
 def _gates(argv: list[str]) -> tuple[dict[str, list[tuple[str, int]]], list[str]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import random
 import signal
 import time
@@ -33,6 +32,7 @@ from decode_server.errors import ServerError
 from decode_server.runtime.kv_transfer import first_token_within
 from tests import servers
 from tests.pd_pair import FAIL_DEADLINE_S, LEASE_S, PDSet, kv_usage, metrics, salt, shared_set
+from tests.processes import signal_all
 from tests.support import GENERATE
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(600)]
@@ -50,9 +50,9 @@ def pd_set(request, demo_model, log_dir, tmp_path_factory):
 
 
 def _signal(server: servers.Server, sig: int) -> None:
-    """To the server's whole process group: the API server and its engine core."""
-    if server.proc is not None and server.proc.poll() is None:
-        os.killpg(server.proc.pid, sig)
+    """To the API server and its engine core (and the core's workers): the engine has a session
+    of its own, so the server's process group is not enough."""
+    signal_all(server, sig)
 
 
 def _prompt(n: int = 200) -> list[int]:

@@ -143,6 +143,7 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     from decode_server.runtime.access_log import configure as configure_logging
     from decode_server.http.app import build_app
     from decode_server.runtime.engine import Engine
+    from decode_server.process.engine_session import engine_session
     from decode_server.process.frontend_flags import log_flags_without_meaning
     from decode_server.process.parser_check import parser_refusal
     from decode_server.process.server import Lifecycle, run, uvicorn_config
@@ -169,7 +170,12 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
     config = server_config(args)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
-    app = build_app(lambda: Engine.start(engine_args, tokens_only=args.tokens_only), config, lifecycle)
+
+    def start_engine() -> Engine:
+        with engine_session():  # a signal to our process group drains; it does not kill the engine
+            return Engine.start(engine_args, tokens_only=args.tokens_only)
+
+    app = build_app(start_engine, config, lifecycle)
     return run(uvicorn_config(app, args, config), lifecycle)
 
 

@@ -18,6 +18,7 @@ process (`metrics.py`); every response names its process in `X-Api-Server-Index`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ import uvicorn
 from vllm.entrypoints.launchers.launcher import NoSignalServer
 
 from decode_server.config import DRAIN_FLUSH_S, ENGINE_DEATH_GRACE_S, ServerConfig
+from decode_server.process.engine_session import engine_session
 from decode_server.process.server import DrainingServer
 
 INDEX_HEADER = b"x-api-server-index"
@@ -104,7 +106,14 @@ def _launch(args: argparse.Namespace, config: ServerConfig, log_format: str) -> 
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     listeners = bind_engine_zmq_listeners(vllm_config, count)
     log_stats = not engine_args.disable_log_stats
-    with launch_core_engines(vllm_config, Executor.get_class(vllm_config), log_stats, listeners.addresses) as launch:
+    with contextlib.ExitStack() as launched:
+        # The engine core (started as the launch is entered) in a session of its own; the API
+        # processes (started below) stay in ours: a signal to the group reaches them and this
+        # process, and each drains.
+        with engine_session():
+            launch = launched.enter_context(
+                launch_core_engines(vllm_config, Executor.get_class(vllm_config), log_stats, listeners.addresses)
+            )
         engines = launch.engine_manager
         plan = WorkerPlan(
             config=config,

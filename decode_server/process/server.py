@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from typing import Any
 
 import uvicorn
@@ -19,6 +20,7 @@ from decode_server.config import (
     DEFAULT_HOST,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     DRAIN_FLUSH_S,
+    DRAIN_POLL_S,
     ENGINE_DEATH_GRACE_S,
     ENGINE_WATCH_INTERVAL_S,
     ServerConfig,
@@ -54,31 +56,51 @@ class Lifecycle:
         for task in self._tasks:
             task.cancel()
 
-    def begin_drain(self) -> None:
-        """From the signal handler: flip readiness now, schedule the deadline on the loop."""
+    def begin_drain(self) -> bool:
+        """From the signal handler: flip readiness now, run the drain on the loop. False when
+        there is nothing to drain yet (no engine attached: the signal came during start-up)."""
+        if self._loop is None:
+            return False
         if self.draining:
-            return
+            return True
         self.draining = True
         log.info("draining: new requests get 503; in-flight requests have %.0fs", self.shutdown_timeout_s)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._spawn, self._drain_deadline())
+        self._loop.call_soon_threadsafe(self._spawn, self._drain())
+        return True
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _drain_deadline(self) -> None:
-        await asyncio.sleep(self.shutdown_timeout_s)
-        if self._engine is None:
-            return
-        aborted = await self._engine.abort_all()
-        if aborted:
-            log.info("drain deadline: aborted %d request(s)", len(aborted))
-            self._metrics.aborted("drain", len(aborted))
-        # Streams end on their abort chunk; anything still open after that is closed by sse-starlette.
-        await asyncio.sleep(DRAIN_FLUSH_S)
-        AppStatus.should_exit = True
+    def _busy(self) -> bool:
+        return self._engine.live_request_count() > 0 or self._metrics.server_load > 0
+
+    async def _drained(self) -> None:
+        while self._busy():
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    async def _drain(self) -> None:
+        """The server keeps listening while it drains (/metrics, /ready's 503, new requests' 503),
+        and stops once no request is in flight, or at the deadline after aborting the rest."""
+        drained = asyncio.ensure_future(self._drained())
+        try:
+            await asyncio.wait_for(asyncio.shield(drained), self.shutdown_timeout_s)
+        except asyncio.TimeoutError:
+            aborted = await self._engine.abort_all()
+            if aborted:
+                log.info("drain deadline: aborted %d request(s)", len(aborted))
+                self._metrics.aborted("drain", len(aborted))
+            # Streams end on their abort chunk; anything still open after that is closed by sse-starlette.
+            await asyncio.sleep(DRAIN_FLUSH_S)
+            AppStatus.should_exit = True
+        finally:
+            drained.cancel()
+        self._stop_serving()
+
+    def _stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
 
     async def _watch_engine(self) -> None:
         """When the engine core dies: /health is already 503; let open streams send their
@@ -88,8 +110,7 @@ class Lifecycle:
         log.error("the engine core died; open streams end with an error event and the server exits")
         self.engine_died = True
         await asyncio.sleep(ENGINE_DEATH_GRACE_S)
-        if self._server is not None:
-            self._server.should_exit = True
+        self._stop_serving()
 
 
 class DrainingServer(uvicorn.Server):
@@ -100,7 +121,12 @@ class DrainingServer(uvicorn.Server):
         self.lifecycle = lifecycle
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        self.lifecycle.begin_drain()
+        # The first signal starts the drain and uvicorn keeps listening (Prometheus still scrapes
+        # the draining process; new requests get 503); the lifecycle stops it once drained.
+        # Again SIGTERM: nothing more; again SIGINT (Ctrl+C twice): uvicorn's own shutdown.
+        already = self.lifecycle.draining
+        if self.lifecycle.begin_drain() and (not already or sig != signal.SIGINT):
+            return
         super().handle_exit(sig, frame)
         # uvicorn re-raises the captured signal after shutdown, so the process would die
         # by SIGTERM; a completed drain is a clean exit (0) for Kubernetes and supervisors.
