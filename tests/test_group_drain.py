@@ -24,9 +24,10 @@ from tests.support import GENERATE, choice_chunks, finish_reason, joined_text, j
 IM_END = 151645
 MODES = ("tokens", "text", "derender")
 STREAMS = 16
-# Each stream's tokens: long enough that all 16 are open when the signal comes, short enough to end
-# well inside the window on 2 shared cores.
-SCRIPT = [9707] * 64
+# Each stream's tokens: long enough that all 16 are still open when the signal comes (eager engines
+# on a quiet machine ran 64 tokens before the last stream's first event), short enough to end well
+# inside the window on 2 shared cores.
+SCRIPT = [9707] * 1024
 WINDOW_S = 120
 ENDLESS = {"max_tokens": 4000, "ignore_eos": True}
 
