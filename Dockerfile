@@ -34,9 +34,10 @@ RUN pip install -r /tmp/requirements/requirements.txt \
 COPY pyproject.toml README.md /src/
 COPY decode_server /src/decode_server
 COPY protocol /src/protocol
-RUN pip install /src \
+# The `tracing` extra: OpenTelemetry for --otlp-traces-endpoint (deploy/components/otel-tracing).
+RUN pip install "/src[tracing]" \
  && rm -rf /src \
- && python -c "import transformers, vllm, decode_server"
+ && python -c "import transformers, vllm, decode_server, opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
 
 # Non-root. $HOME holds every cache (Hugging Face, vLLM/torch/Triton compile caches, the demo model).
 RUN useradd --no-log-init --create-home --uid 10001 --user-group app \

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.deploy_render import (
-    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, DEPLOY, KUSTOMIZATIONS, LLM_D, OBSERVABILITY,
+    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, Composition, DEPLOY, KUSTOMIZATIONS, LLM_D, OBSERVABILITY,
     all_containers, kustomize_cmd, load_docs, named, of_kind, pod_labels, pod_spec, port_numbers, render,
     render_by_hand, render_with_kustomize, selects, tree_id,
 )
@@ -786,13 +786,29 @@ def test_pod_monitor_labels_each_pool(directory):
     assert pools == {k: v for k, v in expected.items() if k in pools} and "decode-server-decode" in pools, pools
 
 
+AUTOSCALER_KINDS = {"HorizontalPodAutoscaler", "ScaledObject"}
+
+
+def component_kinds(component: Path) -> set[str]:
+    """The kinds of the objects a component adds (its `resources` files, as written)."""
+    kust = yaml.safe_load((component / "kustomization.yaml").read_text())
+    return {d["kind"] for entry in kust.get("resources", []) for d in load_docs((component / entry).read_text())}
+
+
 @pytest.mark.parametrize("tree", COMPOSITIONS, ids=tree_id)
 def test_autoscalers_own_the_decode_pool(tree):
     """With an autoscaling component, one autoscaler owns the decode pool's replicas: the Deployment
     sets none (an apply would reset the pool to it), at least the base's two pods stay (the PDB lets
     one go at a time), and the pool scales in one pod per policy period, each period at least a
-    pod's grace period, so a pod drains before the next goes."""
+    pod's grace period, so a pod drains before the next goes. A component that adds no autoscaler
+    leaves every Deployment's replicas as the overlay sets them, and no autoscaler appears."""
     docs = render(tree)
+    if not component_kinds(tree.component) & AUTOSCALER_KINDS:
+        assert autoscalers(docs) == []
+        overlay = {d["metadata"]["name"]: d["spec"].get("replicas") for d in of_kind(render(tree.overlay), "Deployment")}
+        rendered = {d["metadata"]["name"]: d["spec"].get("replicas") for d in of_kind(docs, "Deployment")}
+        assert {name: rendered[name] for name in overlay} == overlay
+        return
     decode = named(docs, "Deployment", "decode-server-decode")
     prefill = named(docs, "Deployment", "decode-server-prefill")
     assert "replicas" not in decode["spec"], "the autoscaler owns the decode pool's replicas"
@@ -1052,7 +1068,7 @@ def serve_parser():
 
 def _all_server_deployments():
     out = []
-    for directory in KUSTOMIZATIONS:
+    for directory in [*KUSTOMIZATIONS, *COMPOSITIONS]:
         if directory != BASE and kustomize_cmd() is None:
             continue
         out += [(directory, d) for d in server_deployments(render(directory))]
@@ -1062,7 +1078,7 @@ def _all_server_deployments():
 @pytest.mark.parametrize(
     "directory,deployment",
     _all_server_deployments(),
-    ids=lambda v: tree_id(v) if isinstance(v, Path) else v["metadata"]["name"],
+    ids=lambda v: tree_id(v) if isinstance(v, (Path, Composition)) else v["metadata"]["name"],
 )
 def test_server_cli_accepts_the_manifest_args(serve_parser, directory, deployment):
     """The argv each pod runs parses with decode-server's own CLI (vLLM engine flags included)."""
@@ -1081,6 +1097,8 @@ def test_server_cli_accepts_the_manifest_args(serve_parser, directory, deploymen
         assert args.kv_transfer_config.kv_role == kv["kv_role"]
         if args.tokens_only:
             assert kv["kv_role"] == "kv_producer"
+    if "--otlp-traces-endpoint" in argv:  # the tracing component: vLLM's engine tracing, and the server span
+        assert args.otlp_traces_endpoint == flag_value(argv, "--otlp-traces-endpoint")
 
 
 def test_server_serves_the_probed_and_scraped_routes():

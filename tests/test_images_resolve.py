@@ -72,6 +72,9 @@ class Image:
 
 
 IMAGES = [Image("gpu", "Dockerfile"), Image("cpu", "Dockerfile.cpu")]
+# The project's extras every image installs with it (`pip install "/src[...]"`): OpenTelemetry, so
+# deploy/components/otel-tracing needs no other image.
+IMAGE_EXTRAS = ("tracing",)
 
 
 def _image_id(image: Image) -> str:
@@ -114,8 +117,10 @@ def pins(image: Image) -> tuple[PinFile, PinFile]:
 
 
 def project_dependencies() -> list[str]:
+    """What `pip install "/src[extras]"` in the images adds: the dependencies and IMAGE_EXTRAS'."""
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *(r for extra in IMAGE_EXTRAS for r in project["optional-dependencies"][extra])]
 
 
 def optional_dependencies() -> dict[str, list[Requirement]]:
@@ -225,7 +230,7 @@ def test_dockerfile_installs_exactly_these_pins(image):
     assert f"pip install -r {dest}/requirements.txt" in installs
     assert f"pip install --no-deps -r {dest}/no-deps.txt" in installs
     others = [c for c in installs if c not in (f"pip install -r {dest}/requirements.txt", f"pip install --no-deps -r {dest}/no-deps.txt")]
-    assert others == ["pip install /src"], f"unpinned installs: {others}"
+    assert others == [f'pip install "/src[{",".join(IMAGE_EXTRAS)}]"'], f"unpinned installs: {others}"
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert any(line.strip().rstrip("/") in ("!deploy/images", f"!{rel}") for line in ignore), ".dockerignore must let the pins in"
 
@@ -399,6 +404,12 @@ def test_image_pins_resolve(image, resolutions, record_property):
     for req in resolved.requirements:
         name = canonicalize_name(req.name)
         assert name in got and got[name]["version"] == pinned_version(req), f"{req} resolved to {got.get(name, {}).get('version')}"
+
+    # The project's own requirements, the image extras' included, resolve with the pins (they are
+    # ranges, not pinned; vLLM itself requires the same OpenTelemetry packages as `tracing`).
+    for req in map(Requirement, project_dependencies()):
+        name = canonicalize_name(req.name)
+        assert name in got and req.specifier.contains(got[name]["version"], prereleases=True), f"{req}: {got.get(name, {}).get('version')}"
 
     # Exactly one NIXL CUDA build, and nothing else pulls in the meta package or the other build.
     builds = sorted(n for n in got if n in NIXL_BUILDS)

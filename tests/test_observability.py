@@ -2,7 +2,8 @@
 parses with promtool (Prometheus' own parser; Debian's prometheus package), every selector names
 a series decode-server's /metrics really exposes (ours from a `Metrics` registry, vLLM's from
 vLLM's own stat logger) with labels and values it really carries, and the dashboard answers the
-operator's questions per pool, pod, namespace and model. Starts no engine (vLLM's metric names
+operator's questions per pool, pod, namespace and model and matches Grafana's
+dashboard schema (tests/grafana_schema.py). Starts no engine (vLLM's metric names
 come from building its stat logger in a subprocess, about 30 s).
 """
 
@@ -190,6 +191,45 @@ def test_dashboard_layout():
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} and p["targets"]
         refs = [t["refId"] for t in p["targets"]]
         assert len(refs) == len(set(refs)) and all(t["datasource"] == p["datasource"] for t in p["targets"])
+
+
+@pytest.fixture(scope="module")
+def dashboard_problems():
+    from tests.grafana_schema import dashboard_problems  # grafana-foundation-sdk, the `test` extra
+
+    return dashboard_problems
+
+
+def test_dashboard_matches_grafanas_schema(dashboard_problems):
+    """Every field is one Grafana's dashboard schema has (panel options and queries through their
+    plugins' models), with the type, enum value or literal it is declared with (tests/grafana_schema.py)."""
+    assert dashboard_problems(load_dashboard()) == []
+
+
+def _first(panels: list[dict], kind: str) -> dict:
+    return next(p for p in panels if p["type"] == kind)
+
+
+# (what is broken, how, the problem reported)
+BROKEN_DASHBOARDS = [
+    ("misspelt panel field", lambda d: _first(d["panels"], "stat").update(gridpos=_first(d["panels"], "stat").pop("gridPos")),
+     "gridpos: not a field"),
+    ("misspelt query field", lambda d: _first(d["panels"], "stat")["targets"][0].update(exp="up"), "exp: not a field"),
+    ("unknown plugin option", lambda d: _first(d["panels"], "timeseries")["options"].update(legendd={}), "legendd: not a field"),
+    ("string for a number", lambda d: _first(d["panels"], "stat")["gridPos"].update(h="8"), "grid_pos.h: expected int"),
+    ("value outside an enum", lambda d: d["templating"]["list"][1].update(type="querry"), "type_val: 'querry' is not one of"),
+    ("plugin option outside its enum", lambda d: _first(d["panels"], "timeseries")["options"]["tooltip"].update(mode="many"),
+     "tooltip.mode: 'many' is not one of"),
+    ("number for a string", lambda d: d.update(refresh=30), "refresh: 30 is none of"),
+]
+
+
+@pytest.mark.parametrize("what,break_it,expected", BROKEN_DASHBOARDS, ids=[b[0] for b in BROKEN_DASHBOARDS])
+def test_the_schema_check_rejects_a_broken_dashboard(dashboard_problems, what, break_it, expected):
+    dash = load_dashboard()
+    break_it(dash)
+    problems = dashboard_problems(dash)
+    assert len(problems) == 1 and expected in problems[0], problems
 
 
 # ---------------------------------------------------------------- the autoscalers
