@@ -175,8 +175,14 @@ def test_stream_chunks_follow_engine_deltas_and_carry_token_ids(server, vllm_ser
     deltas = _choice_deltas(events)
     tokens = [t for c in deltas for t in c["token_ids"]]
     assert tokens == script + [151645]
-    # One chunk per engine step (one token each at stream interval 1), after the role chunk.
-    assert len(deltas) == 1 + len(script) + 1
+    # After the role chunk, one chunk per engine step that reached the server: one token each at
+    # stream interval 1 while the server keeps up. A real engine does not wait for its reader: on a
+    # loaded machine vLLM's output collector hands a reader that fell behind the steps it missed as
+    # one merged delta, so a chunk may carry several tokens, never none. The chunk shape step by step
+    # is compared with vLLM's coupled chat in process (tests/test_parser_matrix.py), where the
+    # scripted engine steps in lockstep with its readers.
+    assert all(c["token_ids"] for c in deltas[1:]), deltas
+    assert len(deltas) <= 1 + len(script) + 1
 
 
 def test_n2_each_choice_has_its_own_parser(server, vllm_server, tokenizer):
