@@ -159,15 +159,15 @@ def serve(args: argparse.Namespace, parser_defaults: dict) -> int:
         ToolParserManager.import_tool_parser(args.tool_parser_plugin)
     configure_logging((getattr(args, "log_level", None) or "info").lower(), args.log_format)
     log_flags_without_meaning(args, parser_defaults)
-    refusal = parser_refusal(args, server_config(args).derender)
+    config = server_config(args)
+    refusal = parser_refusal(args, config.derender)
     if refusal:
         print(f"decode-server: {refusal}", file=sys.stderr)
         return 2  # as argparse's own refusal of a flag
     if (args.api_server_count or 1) > 1:
         from decode_server.process.scale_out import serve as serve_scaled_out
 
-        return serve_scaled_out(args, server_config(args), args.log_format)
-    config = server_config(args)
+        return serve_scaled_out(args, config, args.log_format)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     lifecycle = Lifecycle(args.shutdown_timeout)
 
