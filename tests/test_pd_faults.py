@@ -37,7 +37,12 @@ from tests.support import GENERATE
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(600)]
 
-BOUND_S = 10.0  # the bound for a decode leg that cannot get its KV
+# A decode leg that cannot get its KV is answered by our deadline (FAIL_DEADLINE_S), or sooner by
+# vLLM's own 5 s handshake timeout. What a client sees adds the time a loaded two-core box takes to
+# reach the deadline's timer and to send the answer (CI: a 502 from the 5 s handshake arrived after
+# 10.25 s). The bound tells "ended by a deadline" from "hung"; the times themselves are MEASURED.
+ANSWER_SLACK_S = 5.0
+BOUND_S = FAIL_DEADLINE_S + ANSWER_SLACK_S
 FAULT_TIMEOUT = pytest.mark.timeout(120)
 
 
@@ -220,12 +225,12 @@ def test_an_unreachable_side_channel_fails_fast_or_recomputes_and_the_lease_free
     error = _error(r)
     assert error["message"].startswith(_EXPECTED[r.status_code])
     assert str(wrong["remote_port"]) in error["message"] and error["param"] == "kv_transfer_params"
-    assert took < BOUND_S
+    assert took < BOUND_S, took
     _measured("unreachable side channel, recompute policy, time to the answer", recomputed_took)
     assert recomputed_r.status_code == 200, recomputed_r.text
     local, _ = _decode(pd_set.recompute.url, prompt, None)
     assert recomputed_r.json()["choices"][0]["token_ids"] == local.json()["choices"][0]["token_ids"]
-    assert recomputed_took < BOUND_S
+    assert recomputed_took < BOUND_S, recomputed_took
     for d in (pd_set.fail, pd_set.recompute):
         _until_idle(d.url, 5)
     _until_idle(pd_set.prefill.url, LEASE_S + 15)  # its lease ran out meanwhile (see the killed-decode test)
@@ -249,7 +254,7 @@ def test_a_stalled_prefill_instance_ends_the_decode_leg_at_our_deadline(pd_set):
             error = _error(r)
             assert error["message"].startswith(f"remote prefill timed out: no first token {FAIL_DEADLINE_S:g} s after")
             assert legs[stream][1]["remote_engine_id"] in error["message"]
-            assert FAIL_DEADLINE_S - 0.5 < took < FAIL_DEADLINE_S + 1 <= BOUND_S
+            assert FAIL_DEADLINE_S - 0.5 < took < BOUND_S, took
         # The engine requests are gone at once; their destination blocks stay until the pull ends
         # (vLLM frees nothing a transfer in flight may still write).
         _until_idle(pd_set.fail.url, 5, blocks=False)
@@ -322,7 +327,7 @@ def test_a_prefill_instance_killed_before_the_pull_fails_within_the_bound(pd_set
     assert r.status_code in _EXPECTED, r.text
     message = _error(r)["message"]
     assert message.startswith(_EXPECTED[r.status_code]) and kv["remote_engine_id"] in message
-    assert took < BOUND_S
+    assert took < BOUND_S, took
     # 502: the connection was refused. 504: the UCX transfer to the dead peer hung (seen after the
     # lease test); the leg still ended at our deadline, but the decode instance keeps the
     # destination blocks until NIXL gives the transfer up (as in the stalled case), so only its
