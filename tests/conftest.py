@@ -14,7 +14,7 @@ import pytest
 from decode_server.compat import VLLM_LINE
 from decode_server.tools.demo_model import build_demo_model
 from tests import prod_server as prod
-from tests import servers
+from tests import servers, vllm033_tier
 
 # tests/vllm033 is its own session on vLLM 0.33's modules: tests/test_vllm033.py starts it (and fails
 # with its output), so the suite on 0.32 runs it through that one test, not by collecting it.
@@ -28,6 +28,16 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     enders = [item for item in items if item.get_closest_marker("ends_prod_server")]
     items[:] = [item for item in items if item not in enders] + enders
+
+
+def pytest_collection_finish(session):
+    """The vLLM 0.33 tier (a process of its own) starts now and runs beside the suite."""
+    if any(getattr(item.module, "__name__", "") == "tests.test_vllm033" for item in session.items):
+        vllm033_tier.start()
+
+
+def pytest_sessionfinish(session):
+    vllm033_tier.stop()  # a session ended before the tier's test (-x, Ctrl+C)
 
 
 @pytest.fixture(scope="session")
