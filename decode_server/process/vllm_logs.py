@@ -8,6 +8,8 @@ root logger and gives the root our JSON handler, so every process writes the sam
 one-object-per-line format to stderr. Python warnings are routed into logging in each process as
 the handler is built (a warning is otherwise a bare text line).
 
+Lines that never pass through logging are wrapped on their way out (stdio_json.py).
+
 An operator's own config file (VLLM_LOGGING_CONFIG_PATH, or `--logging-config.pylogging_config_file`,
 which wins over it) or VLLM_CONFIGURE_LOGGING=0 is left as it is.
 """
@@ -23,6 +25,7 @@ import logging.config
 import os
 import tempfile
 
+from decode_server.process.stdio_json import relay_stdio_as_json
 from decode_server.runtime.access_log import JsonFormatter
 
 
@@ -63,6 +66,7 @@ def use_json_logs(argv: list[str]) -> None:
         json.dump(dict_config(level), f)
     atexit.register(_remove, path, os.getpid())
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    relay_stdio_as_json()  # the lines that bypass logging (a print, libtorch's C++ warnings)
     # This process logs from its first import on (vLLM warns while importing); a forked child
     # (vLLM's default start method) inherits it.
     logging.config.dictConfig(dict_config(level))
