@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tests.deploy_render import BASE, CPU_DEMO, LLM_D, KUSTOMIZATIONS, OBSERVABILITY, named, of_kind, pod_labels, port_numbers, render, tree_id
+from tests.deploy_render import BASE, COMPOSITIONS, CPU_DEMO, DEPLOY, LLM_D, KUSTOMIZATIONS, OBSERVABILITY, named, of_kind, pod_labels, port_numbers, render, tree_id
 
 # Pods a Gateway API implementation deploys for a Gateway carry this label (GEP-1762).
 GATEWAY_LABEL = "gateway.networking.k8s.io/gateway-name"
@@ -22,6 +22,8 @@ MONITORING = "namespace monitoring"
 NAMESPACE = "any pod of the namespace"
 GATEWAY = "gateway proxies"
 DECODE, PREFILL, EPP = "decode-server-decode", "decode-server-prefill", "decode-server-epp"
+COLLECTOR = "decode-server-otel-collector"
+TRACING_TREES = [t for t in COMPOSITIONS if t.component == DEPLOY / "components" / "otel-tracing"]
 # UCX's TCP transport listens on ports from the kernel's default ip_local_port_range.
 UCX_LOW, UCX_HIGH = 32768, 60999
 
@@ -147,7 +149,22 @@ def test_cpu_demo_policies():
     assert table(docs, {DECODE: [http, 5600, UCX_LOW]}) == {DECODE: {http: sorted([NAMESPACE, MONITORING]), 5600: [], UCX_LOW: []}}
 
 
-@pytest.mark.parametrize("directory", [t for t in KUSTOMIZATIONS if t != OBSERVABILITY], ids=tree_id)
+@pytest.mark.parametrize("tree", TRACING_TREES, ids=tree_id)
+def test_only_the_servers_send_spans_to_the_collector(tree):
+    """The tracing component on either pool overlay: the collector's OTLP ports only from the pools'
+    servers (both export), its health port from nobody but the kubelet; the pools' own rules as
+    without the component."""
+    docs = render(tree)
+    ports = port_numbers(named(docs, "Deployment", COLLECTOR))
+    got = table(docs, {COLLECTOR: [ports["otlp-grpc"], ports["otlp-http"], ports["health"]]})
+    servers = sorted([DECODE, PREFILL])
+    assert got == {COLLECTOR: {ports["otlp-grpc"]: servers, ports["otlp-http"]: servers, ports["health"]: []}}
+    without = render(tree.overlay)
+    pool_ports = {name: sorted(port_numbers(named(docs, "Deployment", name)).values()) for name in (DECODE, PREFILL)}
+    assert table(docs, pool_ports) == table(without, pool_ports)
+
+
+@pytest.mark.parametrize("directory", [*(t for t in KUSTOMIZATIONS if t != OBSERVABILITY), *TRACING_TREES], ids=tree_id)
 def test_every_policy_selects_pods_and_their_ports(directory):
     """Each NetworkPolicy selects pods of the tree, by labels its Deployments give them, and each
     named port in its rules is a port of every pod it selects (a named port a pod lacks would
