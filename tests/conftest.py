@@ -1,9 +1,10 @@
-"""Session-scoped real engines, one per server configuration, started lazily and shared.
+"""Session-scoped real engines, one per server configuration, shared.
 
 The shared ones: ours as a decode pool runs it and vLLM's own as the oracle, and the production-like
-one (every frontend flag and LoRA adapters, tests/prod_server.py). A module that needs another real
-configuration starts its own; one that differs only in frontend behaviour (tokens-only rules, no
-parsers, another stream interval) is checked in process (tests/inprocess.py)."""
+one (every frontend flag and LoRA adapters, tests/prod_server.py). Those the session's tests use
+start together when the session starts, beside the first (in-process) tests. A module that needs
+another real configuration starts its own; one that differs only in frontend behaviour (tokens-only
+rules, no parsers, another stream interval) is checked in process (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -57,23 +58,36 @@ def log_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
+def _fixtures_used(session: pytest.Session) -> set[str]:
+    return {name for item in session.items for name in getattr(item, "fixturenames", ())}
+
+
 @pytest.fixture(scope="session")
-def shared_servers(demo_model, log_dir, request):
-    """The two shared engines, each started when a test first needs it, and together with the
-    other when the session's tests need both (the wait is one start-up, not two)."""
+def shared_servers(demo_model, log_dir, lora_adapters, request):
+    """The shared engines. Every one the session's tests use starts when the session does, all at
+    once and beside the first tests (which are mostly in process), not when its first user asks."""
     pool = servers.SharedServers(
         {
             # Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers.
-            "server": servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS),
+            "server": lambda: servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS),
             # vLLM 0.32's own server on the same engine configuration: the parity oracle.
-            "vllm_server": servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS),
+            "vllm_server": lambda: servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS),
+            # Every frontend flag and LoRA (tests/prod_server.py).
+            "prod_server": lambda: prod.server(demo_model, log_dir, lora_adapters[prod.ADAPTER]),
         },
-        needed={name for item in request.session.items for name in getattr(item, "fixturenames", ())},
+        needed=_fixtures_used(request.session),
     )
     try:
         yield pool
     finally:
         pool.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_engines_start_early(request):
+    """Only a session that uses one builds the pool (an in-process run starts nothing)."""
+    if _fixtures_used(request.session) & {"server", "vllm_server", "prod_server"}:
+        request.getfixturevalue("shared_servers").launch_needed()
 
 
 @pytest.fixture(scope="session")
@@ -95,13 +109,9 @@ def lora_adapters(demo_model, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def prod_server(demo_model, log_dir, lora_adapters):
+def prod_server(shared_servers):
     """Every frontend flag and LoRA on one real engine (tests/prod_server.py)."""
-    server = prod.start(demo_model, log_dir, lora_adapters[prod.ADAPTER])
-    try:
-        yield server
-    finally:
-        server.stop()
+    return shared_servers.get("prod_server")
 
 
 @pytest.fixture

@@ -36,10 +36,11 @@ def auth(key: str = KEYS[0]) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def start(model_dir: Path, log_dir: Path, adapter: Path) -> servers.Server:
+def server(model_dir: Path, log_dir: Path, adapter: Path) -> servers.Server:
+    """Not started yet (conftest starts it with the other shared engines)."""
     lora = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--lora-modules", f"{ADAPTER}={adapter}"]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
-    return servers.ours("prod", model_dir, log_dir, *FRONTEND_FLAGS, *lora, env=env).start()
+    return servers.ours("prod", model_dir, log_dir, *FRONTEND_FLAGS, *lora, env=env)
 
 
 def build_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8, scale: float = 30.0) -> Path:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -103,22 +104,32 @@ def vllms_own(name: str, model_dir: Path, log_dir: Path, *extra: str) -> Server:
 
 
 class SharedServers:
-    """Servers shared by a session, by fixture name: `get(name)` starts it, and with it every other
-    one of them the session will need (`needed`: the fixture names its tests use), all at once."""
+    """Servers shared by a session, by fixture name. `launch_needed()` starts every one the session's
+    tests will use (`needed`: the fixture names they use), all at once and in the background, so that
+    their start-up runs beside the tests before their first user; `get(name)` waits for one (starting
+    it first if it was not needed). Each is built only when it starts (`factories`)."""
 
-    def __init__(self, by_name: dict[str, Server], needed: set[str]):
-        self._by_name, self._needed = by_name, needed
-        self._pool = concurrent.futures.ThreadPoolExecutor(len(by_name))
+    def __init__(self, factories: dict[str, Callable[[], Server]], needed: set[str]):
+        self._factories, self._needed = factories, needed
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(factories))
+        self._servers: dict[str, Server] = {}
         self._starts: dict[str, concurrent.futures.Future] = {}
 
+    def _launch(self, name: str) -> None:
+        if name not in self._starts:
+            self._servers[name] = self._factories[name]()
+            self._starts[name] = self._pool.submit(self._servers[name].start)
+
+    def launch_needed(self) -> None:
+        for name in sorted(self._needed & self._factories.keys()):
+            self._launch(name)
+
     def get(self, name: str) -> Server:
-        for other in (name, *sorted(self._needed & self._by_name.keys())):
-            if other not in self._starts:
-                self._starts[other] = self._pool.submit(self._by_name[other].start)
+        self._launch(name)
         return self._starts[name].result()
 
     def stop(self) -> None:
         for name, start in self._starts.items():
             start.exception()  # wait for a start still under way before stopping it
-            self._by_name[name].stop()
+            self._servers[name].stop()
         self._pool.shutdown()

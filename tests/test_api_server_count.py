@@ -35,12 +35,17 @@ PROMPT = [9707, 11, 1879]
 def scale_outs(demo_model, log_dir):
     """Two `--api-server-count 2` servers, started at once (the wait is one start-up, not two): the
     shared one, which the drain test ends, and one whose engine core the death test kills."""
-    shared = servers.ours(
-        "api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
+    pool = servers.SharedServers(
+        {
+            "scaled": lambda: servers.ours(
+                "api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
+            ),
+            "doomed": lambda: servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2"),
+        },
+        needed={"scaled", "doomed"},
     )
-    doomed = servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2")
-    pool = servers.SharedServers({"scaled": shared, "doomed": doomed}, needed={"scaled", "doomed"})
     try:
+        pool.launch_needed()
         pool.get("doomed")  # both up before any test: no start-up competes with a test for the CPU
         yield pool
     finally:
