@@ -27,8 +27,19 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    enders = [item for item in items if item.get_closest_marker("ends_prod_server")]
-    items[:] = [item for item in items if item not in enders] + enders
+    """In-process tests first, while the shared engines start (`_shared_engines_start_early`), then
+    the real-engine ones, then what ends the prod server. Otherwise in collection order."""
+
+    def phase(item: pytest.Item) -> int:
+        if item.get_closest_marker("ends_prod_server"):
+            return 2
+        # The 0.33 tier's test only waits for its process (started at collection): as late as
+        # possible, so that the process runs beside as much of the suite as it can.
+        if item.get_closest_marker("real_engine") or getattr(item.module, "__name__", "") == "tests.test_vllm033":
+            return 1
+        return 0
+
+    items.sort(key=phase)  # stable
 
 
 def pytest_collection_finish(session):

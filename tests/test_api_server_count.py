@@ -25,6 +25,8 @@ from tests.processes import engine_cores, sigterm_and_wait
 from tests.stream_reader import INDEX, StreamReader
 from tests.support import GENERATE, finish_reason, joined_tokens, scripted
 
+pytestmark = pytest.mark.real_engine
+
 DRAIN_S = 4
 LONG_TOKENS = 4000
 IM_END = 151645

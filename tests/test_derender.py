@@ -19,6 +19,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatMessage
 from tests import chat_cases as cc
 from tests.support import post, sse_events
 
+pytestmark = pytest.mark.real_engine
+
 
 @dataclass
 class Case:

@@ -31,7 +31,7 @@ from tests.processes import engine_cores
 from tests.stream_reader import StreamReader
 from tests.support import GENERATE, post, scripted
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.real_engine, pytest.mark.reliability]
 
 SLOTS = 4
 HEAD_TIMEOUT_S = 3

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import psutil
+import pytest
 
 from tests import servers
 from tests.inprocess import body_for
@@ -20,6 +21,8 @@ from tests.processes import engine_cores
 from tests.prometheus_server import Prometheus, prometheus
 from tests.stream_reader import StreamReader
 from tests.support import GENERATE, choice_chunks, finish_reason, joined_text, joined_tokens
+
+pytestmark = pytest.mark.real_engine
 
 IM_END = 151645
 MODES = ("tokens", "text", "derender")

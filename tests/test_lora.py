@@ -19,6 +19,8 @@ from tests.prod_server import ADAPTER, auth
 from tests.support import GENERATE
 from tests.test_lora_inprocess import ENGINE_HEADERS
 
+pytestmark = pytest.mark.real_engine
+
 
 @pytest.fixture
 def http(prod_server):

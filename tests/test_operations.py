@@ -26,6 +26,8 @@ from tests.processes import sigterm_and_wait
 from tests.stream_reader import StreamReader
 from tests.support import GENERATE, finish_reason, joined_tokens, metric_sum, scripted
 
+pytestmark = pytest.mark.real_engine
+
 PROMPT = [9707, 11]
 IM_END = 151645
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}

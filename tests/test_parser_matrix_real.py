@@ -25,6 +25,8 @@ from tests.parser_matrix import families as fm
 from tests.parser_matrix.harness import pair
 from tests.support import GENERATE
 
+pytestmark = pytest.mark.real_engine
+
 HF_ROW = next(row for row in fm.ROWS if row.tool_parser == "hf")
 
 

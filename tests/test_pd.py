@@ -47,7 +47,7 @@ from tests.pd_pair import shared_set
 from tests.chat_cases import USER, WEATHER, accumulate, call, parse_context, without_ids
 from tests.support import GENERATE, choice_chunks, finish_reason, joined_tokens, scripted
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
 
 # ----------------------------------------------------------------- the P/D pair

@@ -35,7 +35,7 @@ from tests.pd_pair import FAIL_DEADLINE_S, LEASE_S, PDSet, kv_usage, metrics, sa
 from tests.processes import signal_all
 from tests.support import GENERATE
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.real_engine, pytest.mark.reliability, pytest.mark.timeout(600)]
 
 # A decode leg that cannot get its KV is answered by our deadline (FAIL_DEADLINE_S), or sooner by
 # vLLM's own 5 s handshake timeout. What a client sees adds the time a loaded two-core box takes to

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import GENERATE, post, scripted
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.real_engine, pytest.mark.reliability]
 
 PROMPT = [9707, 1879]
 IM_END = 151645

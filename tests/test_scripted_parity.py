@@ -21,10 +21,14 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from tests.chat_cases import WEATHER, accumulate, call, without_ids
 from tests.inprocess import serve
 from tests.servers import PARSER_FLAGS
 from tests.support import choice_chunks, post, same_chunking, scripted, sse_events
+
+pytestmark = pytest.mark.real_engine
 
 PROMPT = [9707, 1879]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}

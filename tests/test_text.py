@@ -20,6 +20,8 @@ from tests.support import (
     sse_events,
 )
 
+pytestmark = pytest.mark.real_engine
+
 PROMPT = [9707, 1879]
 IM_END = 151645
 IM_START = 151644

@@ -14,6 +14,8 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 
 from tests.support import choice_chunks, finish_reason, joined_tokens, post, same_chunking, scripted, sse_events
 
+pytestmark = pytest.mark.real_engine
+
 IM_END = 151645
 PROMPT = [9707, 1879]
 SCRIPT = [9707, 11, 1879, 0, 220, 9707, 1879]  # "Hello, world! Hello world"

@@ -42,6 +42,8 @@ from tests.differential_corpus import (
 )
 from tests.support import GENERATE, choice_chunks, same_chunking
 
+pytestmark = pytest.mark.real_engine
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "vllm-differences.md"
 CONCURRENCY = 6  # per server; both servers are driven at once
 FLOAT_TOLERANCE = 1e-4  # logprobs: the two engines batch requests differently
