@@ -33,9 +33,9 @@ def pytest_collection_modifyitems(items):
     def phase(item: pytest.Item) -> int:
         if item.get_closest_marker("ends_prod_server"):
             return 2
-        # The 0.33 tier's test only waits for its process (started at collection): as late as
-        # possible, so that the process runs beside as much of the suite as it can.
-        if item.get_closest_marker("real_engine") or getattr(item.module, "__name__", "") == "tests.test_vllm033":
+        # A module whose work starts at collection (`start_beside_the_suite`) waits for it as late
+        # as possible, so that it runs beside as much of the suite as it can.
+        if item.get_closest_marker("real_engine") or hasattr(getattr(item, "module", None), "start_beside_the_suite"):
             return 1
         return 0
 
@@ -43,9 +43,18 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    """The vLLM 0.33 tier (a process of its own) starts now and runs beside the suite."""
-    if any(getattr(item.module, "__name__", "") == "tests.test_vllm033" for item in session.items):
-        vllm033_tier.start()
+    """A module whose tests wait on slow outside work (a process of its own, the network) defines
+    `start_beside_the_suite(items)`: called now with its selected items, it starts that work, which
+    then runs beside the rest of the suite."""
+    by_module: dict = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is not None:
+            by_module.setdefault(module, []).append(item)
+    for module, items in by_module.items():
+        start = getattr(module, "start_beside_the_suite", None)
+        if start is not None:
+            start(items)
 
 
 def pytest_sessionfinish(session):

@@ -34,6 +34,7 @@ import re
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -330,8 +331,7 @@ def run_pip_report(args: list[str], report: Path, timeout: float) -> dict:
     raise AssertionError("unreachable")
 
 
-@pytest.fixture(scope="module")
-def pypi():
+def _pypi() -> str:
     if os.environ.get("DECODE_SERVER_OFFLINE"):
         pytest.skip("DECODE_SERVER_OFFLINE is set: resolution against the package indexes not checked")
     reason = unreachable(PYPI.rstrip("/") + "/pip/")
@@ -382,11 +382,36 @@ def resolve(image: Image, pypi: str, tmp_path: Path) -> tuple[dict, dict, list[s
     return main_report, meta_report, notes
 
 
+_resolutions: dict[str, concurrent.futures.Future] = {}
+
+
+def _resolve_in(image: Image, directory: Path) -> tuple[dict, dict, list[str]]:
+    directory.mkdir(parents=True)
+    return resolve(image, _pypi(), directory)
+
+
+def _start() -> dict[str, concurrent.futures.Future]:
+    if not _resolutions:
+        pool = concurrent.futures.ThreadPoolExecutor(len(IMAGES), thread_name_prefix="image-resolution")
+        root = Path(tempfile.mkdtemp(prefix="image-resolution-"))
+        _resolutions.update({image.name: pool.submit(_resolve_in, image, root / image.name) for image in IMAGES})
+        pool.shutdown(wait=False)
+    return _resolutions
+
+
+def start_beside_the_suite(items: list[pytest.Item]) -> None:
+    """Called by conftest once collection selected this module's `items`: when a resolution test
+    is among them, every image starts resolving at once, in the background. pip waits on the
+    network for a minute or two; this way it does so beside the rest of the suite."""
+    if any("resolutions" in getattr(item, "fixturenames", ()) for item in items):
+        _start()
+
+
 @pytest.fixture(scope="module")
-def resolutions(pypi, tmp_path_factory):
-    """Every image resolved at once (each test waits for its own, and fails or skips alone)."""
-    with concurrent.futures.ThreadPoolExecutor(len(IMAGES)) as pool:
-        yield {image.name: pool.submit(resolve, image, pypi, tmp_path_factory.mktemp(image.name)) for image in IMAGES}
+def resolutions():
+    """Each test waits for its own image and fails or skips alone (a skip or failure raised in the
+    worker is raised again by the test's `result()`)."""
+    return _start()
 
 
 def installed(report: dict) -> dict[str, dict]:

@@ -9,6 +9,11 @@ import pytest
 from tests import vllm033_tier
 
 
+def start_beside_the_suite(items: list[pytest.Item]) -> None:
+    """Called by conftest at collection: the tier's process starts now and runs beside the suite."""
+    vllm033_tier.start()
+
+
 def test_the_vllm_033_tier_passes_on_vllm_033s_modules():
     failure = vllm033_tier.start().failure()  # started at collection, or now when run on its own
     if failure:
