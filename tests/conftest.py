@@ -8,6 +8,7 @@ rules, no parsers, another stream interval) is checked in process (tests/inproce
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """In-process tests first, while the shared engines start (`_shared_engines_start_early`), then
+    """In-process tests first, while the shared engines start (`_engines_start_early`), then
     the real-engine ones, then what ends the prod server. Otherwise in collection order."""
 
     def phase(item: pytest.Item) -> int:
@@ -82,21 +83,36 @@ def _fixtures_used(session: pytest.Session) -> set[str]:
     return {name for item in session.items for name in getattr(item, "fixturenames", ())}
 
 
+SHARED = ("server", "vllm_server", "prod_server")
+_POOL = pytest.StashKey["servers.SharedServers"]()
+
+
+def _engine_modules(session: pytest.Session) -> list:
+    """The session's modules that start engines of their own (a module-level `ENGINES`: name ->
+    factory(demo_model, log_dir)), in the order they run."""
+    modules: list = []
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if hasattr(module, "ENGINES") and module not in modules:
+            modules.append(module)
+    return modules
+
+
 @pytest.fixture(scope="session")
 def shared_servers(demo_model, log_dir, lora_adapters, request):
-    """The shared engines. Every one the session's tests use starts when the session does, all at
-    once and beside the first tests (which are mostly in process), not when its first user asks."""
-    pool = servers.SharedServers(
-        {
-            # Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers.
-            "server": lambda: servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS),
-            # vLLM 0.32's own server on the same engine configuration: the parity oracle.
-            "vllm_server": lambda: servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS),
-            # Every frontend flag and LoRA (tests/prod_server.py).
-            "prod_server": lambda: prod.server(demo_model, log_dir, lora_adapters[prod.ADAPTER]),
-        },
-        needed=_fixtures_used(request.session),
-    )
+    """Every real engine the session starts, by name: the shared ones and each module's `ENGINES`."""
+    factories = {
+        # Ours, as a decode pool runs it: tokenizer, qwen3 reasoning + hermes tool parsers.
+        "server": lambda: servers.ours("decode", demo_model, log_dir, *servers.PARSER_FLAGS),
+        # vLLM 0.32's own server on the same engine configuration: the parity oracle.
+        "vllm_server": lambda: servers.vllms_own("vllm", demo_model, log_dir, *servers.PARSER_FLAGS),
+        # Every frontend flag and LoRA (tests/prod_server.py).
+        "prod_server": lambda: prod.server(demo_model, log_dir, lora_adapters[prod.ADAPTER]),
+    }
+    for module in _engine_modules(request.session):
+        factories.update({name: functools.partial(build, demo_model, log_dir) for name, build in module.ENGINES.items()})
+    pool = servers.SharedServers(factories)
+    request.config.stash[_POOL] = pool
     try:
         yield pool
     finally:
@@ -104,10 +120,26 @@ def shared_servers(demo_model, log_dir, lora_adapters, request):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shared_engines_start_early(request):
-    """Only a session that uses one builds the pool (an in-process run starts nothing)."""
-    if _fixtures_used(request.session) & {"server", "vllm_server", "prod_server"}:
-        request.getfixturevalue("shared_servers").launch_needed()
+def _engines_start_early(request):
+    """The shared engines the session uses, and the first module's own, start when the session
+    does, beside the in-process tests that run first; a session that uses none builds nothing."""
+    shared = _fixtures_used(request.session) & set(SHARED)
+    modules = _engine_modules(request.session)
+    if shared or modules:
+        pool = request.getfixturevalue("shared_servers")
+        pool.launch(shared)
+        if modules:
+            pool.launch(modules[0].ENGINES)
+
+
+def pytest_runtest_setup(item):
+    """When a module with engines of its own begins, the next such module's start beside its tests
+    (at most two modules' own engines are up at once)."""
+    pool = item.config.stash.get(_POOL, None)
+    modules = _engine_modules(item.session) if pool is not None else []
+    module = getattr(item, "module", None)
+    if module in modules and modules.index(module) + 1 < len(modules):
+        pool.launch(modules[modules.index(module) + 1].ENGINES)
 
 
 @pytest.fixture(scope="session")

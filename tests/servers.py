@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import httpx
@@ -104,32 +104,31 @@ def vllms_own(name: str, model_dir: Path, log_dir: Path, *extra: str) -> Server:
 
 
 class SharedServers:
-    """Servers shared by a session, by fixture name. `launch_needed()` starts every one the session's
-    tests will use (`needed`: the fixture names they use), all at once and in the background, so that
-    their start-up runs beside the tests before their first user; `get(name)` waits for one (starting
-    it first if it was not needed). Each is built only when it starts (`factories`)."""
+    """Servers shared by a session, by name, each built from its factory when it starts. `launch`
+    starts some in the background, so that their start-up runs beside the tests before their first
+    user; `get(name)` waits for one (starting it first if nobody launched it)."""
 
-    def __init__(self, factories: dict[str, Callable[[], Server]], needed: set[str]):
-        self._factories, self._needed = factories, needed
-        self._pool = concurrent.futures.ThreadPoolExecutor(len(factories))
+    def __init__(self, factories: dict[str, Callable[[], Server]]):
+        self._factories = factories
+        self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="server-start")
         self._servers: dict[str, Server] = {}
         self._starts: dict[str, concurrent.futures.Future] = {}
 
-    def _launch(self, name: str) -> None:
-        if name not in self._starts:
-            self._servers[name] = self._factories[name]()
-            self._starts[name] = self._pool.submit(self._servers[name].start)
-
-    def launch_needed(self) -> None:
-        for name in sorted(self._needed & self._factories.keys()):
-            self._launch(name)
+    def launch(self, names: Iterable[str]) -> None:
+        for name in sorted(names):
+            if name not in self._starts:
+                self._servers[name] = self._factories[name]()
+                self._starts[name] = self._pool.submit(self._servers[name].start)
 
     def get(self, name: str) -> Server:
-        self._launch(name)
+        self.launch([name])
         return self._starts[name].result()
 
-    def stop(self) -> None:
-        for name, start in self._starts.items():
-            start.exception()  # wait for a start still under way before stopping it
-            self._servers[name].stop()
-        self._pool.shutdown()
+    def stop(self, names: Iterable[str] | None = None) -> None:
+        """These (default: all) stopped, a start still under way first waited for."""
+        for name in list(self._starts) if names is None else names:
+            if name in self._starts:
+                self._starts[name].exception()
+                self._servers[name].stop()
+        if names is None:
+            self._pool.shutdown()

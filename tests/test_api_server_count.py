@@ -33,25 +33,24 @@ IM_END = 151645
 PROMPT = [9707, 11, 1879]
 
 
+# Two `--api-server-count 2` servers (conftest starts them before this module runs): the shared one,
+# which the drain test ends, and one whose engine core the death test kills.
+ENGINES = {
+    "scaled": lambda model, logs: servers.ours(
+        "api-server-count-2", model, logs, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
+    ),
+    "doomed": lambda model, logs: servers.ours("api-server-count-death", model, logs, "--api-server-count", "2"),
+}
+
+
 @pytest.fixture(scope="module")
-def scale_outs(demo_model, log_dir):
-    """Two `--api-server-count 2` servers, started at once (the wait is one start-up, not two): the
-    shared one, which the drain test ends, and one whose engine core the death test kills."""
-    pool = servers.SharedServers(
-        {
-            "scaled": lambda: servers.ours(
-                "api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)
-            ),
-            "doomed": lambda: servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2"),
-        },
-        needed={"scaled", "doomed"},
-    )
+def scale_outs(shared_servers):
     try:
-        pool.launch_needed()
-        pool.get("doomed")  # both up before any test: no start-up competes with a test for the CPU
-        yield pool
+        for name in ENGINES:  # both up before any test: no start-up competes with a test for the CPU
+            shared_servers.get(name)
+        yield shared_servers
     finally:
-        pool.stop()
+        shared_servers.stop(ENGINES)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import signal
 import socket
 import struct
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,21 +50,27 @@ GAUGES = (
 )
 
 
-@pytest.fixture(scope="module")
-def faults(demo_model, log_dir):
-    """The last test kills its engine core (the server's end)."""
+def _faults_server(model: Path, logs: Path) -> servers.Server:
     env = {
         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S),
         "DECODE_SERVER_REQUEST_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
         "DECODE_SERVER_STREAM_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
     }
-    server = servers.ours("faults", demo_model, log_dir, "--max-num-seqs", str(SLOTS), env=env)
-    server.start()
+    return servers.ours("faults", model, logs, "--max-num-seqs", str(SLOTS), env=env)
+
+
+ENGINES = {"faults": _faults_server}  # conftest starts it while the module before this one runs
+
+
+@pytest.fixture(scope="module")
+def faults(shared_servers):
+    """The last test kills its engine core (the server's end)."""
+    server = shared_servers.get("faults")
     try:
         _warm_up(server)
         yield server
     finally:
-        server.stop()
+        shared_servers.stop(ENGINES)
 
 
 # ---------------------------------------------------------------- helpers
