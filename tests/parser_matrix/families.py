@@ -1,8 +1,9 @@
 """Per family: how its model writes reasoning and tool calls (from its chat template and parser),
 and the chat cases every family row runs.
 
-A row is (family tokenizer, tool parser, reasoning parser, format). The format writes the text a
-model of that family would emit; the scripts are that text tokenized with the family's tokenizer.
+A row is (family tokenizer, tool parser, reasoning parser, format, any further serve flags). The
+format writes the text a model of that family would emit; the scripts are that text tokenized with
+the family's tokenizer.
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ class Row:
     # (case, what vLLM's render answers): cases the render server refuses with a 400, so no
     # decode server sees them; the refusal is asserted instead of the parity.
     refused_at_render: tuple[tuple[str, str], ...] = ()
+    serve_flags: tuple[str, ...] = ()  # further flags both servers get (how the family is served)
 
     @property
     def id(self) -> str:
@@ -195,7 +197,7 @@ class Row:
     @property
     def flags(self) -> list[str]:
         flags = ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser] if self.tool_parser else []
-        return flags + (["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else [])
+        return flags + (["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else []) + list(self.serve_flags)
 
 
 ROWS = [
@@ -212,8 +214,15 @@ ROWS = [
     Row("llama3", "llama3_json", None, "llama3_json"),
     Row("llama3", "llama4_json", None, "llama3_json"),
     Row("mistral", "mistral", "mistral", "mistral"),
-    Row("cohere", "cohere_command3", "cohere_command3", "cohere_command3"),
-    Row("cohere", "cohere_command4", "cohere_command4", "cohere_command4"),
+    # As vLLM serves Command models: cohere_melody renders the prompt (cmd4's unless told cmd3).
+    Row(
+        "cohere",
+        "cohere_command3",
+        "cohere_command3",
+        "cohere_command3",
+        serve_flags=("--tokenizer-mode", "cohere", "--default-chat-template-kwargs", '{"cohere_format": "cmd3"}'),
+    ),
+    Row("cohere", "cohere_command4", "cohere_command4", "cohere_command4", serve_flags=("--tokenizer-mode", "cohere")),
     Row(
         "qwen3_hf",
         "hf",
