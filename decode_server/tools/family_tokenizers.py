@@ -94,6 +94,28 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_hf", (), tokenizer_config={"response_template": QWEN3_RESPONSE_TEMPLATE}),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
+        # Cohere Command (Command A / R7B: cmd3; Command A Reasoning: cmd4): the markers cohere_melody's
+        # cmd3/cmd4 filters split on, and the chatbot turn token vLLM's reasoning parser looks up. All
+        # special in Cohere's tokenizers; vLLM's Cohere parser decodes with skip_special_tokens off.
+        # A Cohere2 architecture: the parser builds its tool-call structural tag per architecture.
+        Family(
+            "cohere",
+            tuple(
+                (t, True)
+                for t in (
+                    "<|CHATBOT_TOKEN|>",
+                    "<|START_THINKING|>",
+                    "<|END_THINKING|>",
+                    "<|START_ACTION|>",
+                    "<|END_ACTION|>",
+                    "<|START_RESPONSE|>",
+                    "<|END_RESPONSE|>",
+                    "<|START_TEXT|>",
+                    "<|END_TEXT|>",
+                )
+            ),
+            config={"architectures": ["Cohere2ForCausalLM"]},
+        ),
     )
 }
 

@@ -14,7 +14,6 @@ from tests.parser_matrix import families as fm
 
 # (kind, name) -> the message vLLM's construction gives on the demo vocabulary (asserted).
 LISTED: dict[tuple[str, str], str] = {
-    **{(k, n): "requires the `cohere_melody` package" for k in ("tool", "reasoning") for n in ("cohere_command3", "cohere_command4")},
     ("tool", "hy_v3"): "could not locate tool call start/end tokens",
     ("tool", "hy_v4"): "could not locate tool call start/end tokens",
     ("tool", "jamba"): "could not locate tool calls start/end tokens",

@@ -1,8 +1,9 @@
 """Per family: how its model writes reasoning and tool calls (from its chat template and parser),
 and the chat cases every family row runs.
 
-A row is (family tokenizer, tool parser, reasoning parser, format). The format writes the text a
-model of that family would emit; the scripts are that text tokenized with the family's tokenizer.
+A row is (family tokenizer, tool parser, reasoning parser, format, any further serve flags). The
+format writes the text a model of that family would emit; the scripts are that text tokenized with
+the family's tokenizer.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Format:
     preamble: Callable[[str], str] = lambda text: text + " "  # content written before calls
     after_calls: Callable[[str], str] = lambda text: " " + text  # content after calls ("" if a call ends the turn)
     calls_per_turn: int = 2
+    cut_at: int = 9  # max_tokens of call_cut_by_length: the output ends inside the call's arguments
 
 
 def _think(text: str) -> str:
@@ -60,6 +62,29 @@ def _each(one: Callable[[str, dict[str, Any], int], str], sep: str = "", head: s
 
 def _json(args: dict[str, Any]) -> str:
     return json.dumps(args, ensure_ascii=False)
+
+
+def _cohere_action(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    # One action block holds every call of the turn, a JSON list as cohere_melody's templates write it.
+    listed = ",\n".join(
+        "    " + json.dumps({"tool_call_id": str(i), "tool_name": n, "parameters": a}, ensure_ascii=False)
+        for i, (n, a) in enumerate(calls)
+    )
+    return f"<|START_ACTION|>[\n{listed}\n]<|END_ACTION|>"
+
+
+def _cohere(answer_open: str, answer_close: str) -> Format:
+    # The turn ends after the action block (the model writes <|END_OF_TURN_TOKEN|>, its EOS, next);
+    # content before the calls is an answer block, which the family's parser reads as content.
+    answer = lambda text: f"{answer_open}{text}{answer_close}"  # noqa: E731
+    return Format(
+        lambda text: f"<|START_THINKING|>{text}<|END_THINKING|>",
+        _cohere_action,
+        content=answer,
+        preamble=answer,
+        after_calls=lambda text: "",
+        cut_at=36,  # the action's JSON spends 9 tokens before the first call's name
+    )
 
 
 FORMATS: dict[str, Format] = {
@@ -136,6 +161,9 @@ FORMATS: dict[str, Format] = {
         after_calls=lambda text: "",
         calls_per_turn=1,
     ),
+    # cmd3 (Command A, R7B) answers in a response block, cmd4 (Command A Reasoning) in a text block.
+    "cohere_command3": _cohere("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+    "cohere_command4": _cohere("<|START_TEXT|>", "<|END_TEXT|>"),
     "minimax_m2": Format(
         _think,
         _each(
@@ -160,6 +188,7 @@ class Row:
     # (case, what vLLM's render answers): cases the render server refuses with a 400, so no
     # decode server sees them; the refusal is asserted instead of the parity.
     refused_at_render: tuple[tuple[str, str], ...] = ()
+    serve_flags: tuple[str, ...] = ()  # further flags both servers get (how the family is served)
 
     @property
     def id(self) -> str:
@@ -168,7 +197,7 @@ class Row:
     @property
     def flags(self) -> list[str]:
         flags = ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser] if self.tool_parser else []
-        return flags + (["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else [])
+        return flags + (["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else []) + list(self.serve_flags)
 
 
 ROWS = [
@@ -185,6 +214,15 @@ ROWS = [
     Row("llama3", "llama3_json", None, "llama3_json"),
     Row("llama3", "llama4_json", None, "llama3_json"),
     Row("mistral", "mistral", "mistral", "mistral"),
+    # As vLLM serves Command models: cohere_melody renders the prompt (cmd4's unless told cmd3).
+    Row(
+        "cohere",
+        "cohere_command3",
+        "cohere_command3",
+        "cohere_command3",
+        serve_flags=("--tokenizer-mode", "cohere", "--default-chat-template-kwargs", '{"cohere_format": "cmd3"}'),
+    ),
+    Row("cohere", "cohere_command4", "cohere_command4", "cohere_command4", serve_flags=("--tokenizer-mode", "cohere")),
     Row(
         "qwen3_hf",
         "hf",
@@ -231,7 +269,7 @@ def cases(row: Row) -> list[Case]:
         out += [
             Case("reasoning_then_two_calls", think + both, tools, tuple(n for n, _ in several)),
             Case("content_around_calls", f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
-            Case("call_cut_by_length", one, {**tools, "max_tokens": 9}),
+            Case("call_cut_by_length", one, {**tools, "max_tokens": f.cut_at}),
             Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS),
             Case("tool_choice_required", one, {**tools, "tool_choice": "required"}),
             Case("tool_choice_named", one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),

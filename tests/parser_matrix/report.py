@@ -59,7 +59,9 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "Family tokenizers: decode_server/tools/family_tokenizers.py; gpt_oss is o200k_base (from the",
         "`bpe-openai` package, hash-checked as openai_harmony checks it) with harmony's special tokens",
         "(decode_server/tools/harmony_model.py): vLLM renders and parses it with openai_harmony;",
-        "qwen3_hf is the demo model with a transformers `response_template` (vLLM's `hf` parser).",
+        "qwen3_hf is the demo model with a transformers `response_template` (vLLM's `hf` parser);",
+        "cohere is the demo model with Cohere Command's markers and a Cohere2 architecture, served as",
+        "vLLM serves Command models (cohere_melody renders the prompt): a row's further flags are in its first cell.",
         "The real-engine proof behind the scripted engine: tests/test_scripted_parity.py (DelegatingParser)",
         "and tests/test_parser_matrix_real.py (the `hf` class).",
         "",
@@ -68,7 +70,7 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
     ]
     for r in rows:
         out.append(
-            f"| {r.family} | {r.tool_parser or '—'} | {r.reasoning_parser or '—'} | {COMPOSED.get(r.id, 'not run')} "
+            f"| {_family_cell(r)} | {r.tool_parser or '—'} | {r.reasoning_parser or '—'} | {COMPOSED.get(r.id, 'not run')} "
             f"| {_cell(r.id, 'interval1-n1')} | {_cell(r.id, 'interval4-n2')} |"
         )
     out += [
@@ -104,6 +106,10 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
             f"  - {judged}",
         ]
     return "\n".join(out) + "\n"
+
+
+def _family_cell(row: Any) -> str:
+    return f"{row.family} (`{' '.join(row.serve_flags)}`)" if row.serve_flags else row.family
 
 
 def _short(message: dict[str, Any]) -> str:
