@@ -103,16 +103,10 @@ async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: 
     report.passed(row.id, f"interval{interval}-n{n}")
 
 
-def _flags(tool: str | None, reasoning: str | None) -> list[str]:
-    return (["--enable-auto-tool-choice", "--tool-call-parser", tool] if tool else []) + (
-        ["--reasoning-parser", reasoning] if reasoning else []
-    )
-
-
 @pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
 async def test_sweep_parser_matches_vllms_chat(family_dir, config):
     tool, reasoning = config
-    async with pair(family_dir("qwen3"), *_flags(tool, reasoning)) as p:
+    async with pair(family_dir("qwen3"), *fm.flags(tool, reasoning)) as p:
         for case in sweep_cases(tool is not None):
             await _run(p, f"demo:{tool or '-'}+{reasoning or '-'}", case, 1, 1)
         report.composed(f"demo:{tool or '-'}+{reasoning or '-'}", p.vllm.app.state.openai_serving_chat.parser_cls)

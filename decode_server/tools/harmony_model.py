@@ -5,7 +5,8 @@ vLLM treats a model whose config says `model_type: gpt_oss` as harmony: it rende
 encoding. So the Hugging Face tokenizer here must give every id harmony's meaning: o200k_base's
 ranks as the BPE vocabulary (id = rank), harmony's special tokens at their ids from 199998. As
 with the other families (family_tokenizers.py), only the first MERGES merges are kept: every id
-decodes as in o200k, text encodes into finer pieces. Weights stay random (load_format=dummy).
+decodes as in o200k, text encodes into finer pieces. Weights stay random (load_format=dummy);
+the config is gpt-oss's (YaRN, sinks, sliding window, MoE), only small, so a real engine runs it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ NAMED = {
 }
 VOCAB_SIZE = 201088
 # Bump when the generated files change, so a cached copy is not reused.
-CACHE_SUBDIR = "gpt-oss-demo-v1"
+CACHE_SUBDIR = "gpt-oss-demo-v2"
 RETURN, CALL, ENDOFTEXT = 200002, 200012, 199999
 
 
@@ -71,7 +72,16 @@ def _config() -> dict:
         "sliding_window": 128,
         "layer_types": ["sliding_attention", "full_attention"],
         "max_position_embeddings": 32768,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0},
+        # gpt-oss's own YaRN parameters: vLLM's GptOssForCausalLM reads every one of them.
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+        },
         "tie_word_embeddings": False,
         "attention_bias": True,
         "eos_token_id": RETURN,

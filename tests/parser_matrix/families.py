@@ -196,8 +196,13 @@ class Row:
 
     @property
     def flags(self) -> list[str]:
-        flags = ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser] if self.tool_parser else []
-        return flags + (["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else []) + list(self.serve_flags)
+        return flags(self.tool_parser, self.reasoning_parser) + list(self.serve_flags)
+
+
+def flags(tool_parser: str | None, reasoning_parser: str | None) -> list[str]:
+    """The serve flags that select these parsers (either may be None)."""
+    out = ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser] if tool_parser else []
+    return out + (["--reasoning-parser", reasoning_parser] if reasoning_parser else [])
 
 
 ROWS = [
