@@ -137,6 +137,25 @@ async def test_tokens_per_step_chunks_the_deltas(llm):
     assert [o.outputs[0].token_ids for o in outs] == [[1, 2, 3], [4, 5, 6], [7, IM_END]]
 
 
+async def slow_reader(llm, sp: SamplingParams, pause_s: float) -> list[list[int]]:
+    """The token ids of each output, for a reader that lets `pause_s` pass before taking each one."""
+    seen = []
+    async for out in llm.generate(tokens_input(PROMPT), sp, "slow"):
+        seen.append(out.outputs[0].token_ids)
+        await asyncio.sleep(pause_s)
+    return seen
+
+
+async def test_the_lockstep_bound_lets_a_slow_reader_get_merged_steps_and_none_waits_for_it(llm):
+    # A reader the event loop does not run for longer than the bound (as on a loaded machine):
+    # the bounded wait steps on and vLLM's collector merges the untaken output with the next.
+    llm.core.lockstep_timeout_s = 0.02
+    merged = await slow_reader(llm, params([1, 2, 3, 4]), 0.1)
+    assert sum(merged, []) == [1, 2, 3, 4, IM_END] and len(merged) < 5, merged
+    llm.core.lockstep_timeout_s = None
+    assert await slow_reader(llm, params([1, 2, 3, 4]), 0.1) == [[1], [2], [3], [4], [IM_END]]
+
+
 async def test_a_held_request_waits_and_can_be_aborted_before_its_first_token(llm):
     gate = llm.core.hold("held")
     task = asyncio.create_task(outputs(llm, params([9707]), "held"))

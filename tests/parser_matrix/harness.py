@@ -135,4 +135,10 @@ async def pair(model_dir: Path, *flags: str) -> AsyncIterator[Pair]:
     # the matrix opens dozens of short-lived servers in one test process, where it buys nothing.
     with mock.patch("vllm.entrypoints.launchers.utils.server_utils.freeze_gc_heap", lambda: None):
         async with vllm_serve(model_dir, *flags) as theirs, serve(model_dir, *flags) as ours:
+            # Streams are compared chunk by chunk: a step must not go out before each stream took
+            # the previous one, however long a loaded machine leaves its reader unscheduled (with
+            # a wall-clock bound the collector merges the two steps into one chunk, on one side
+            # only). Every reader here reads to its end, so the wait ends.
+            for side in (ours, theirs):
+                side.core.lockstep_timeout_s = None
             yield Pair(ours, theirs)

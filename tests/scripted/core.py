@@ -88,8 +88,10 @@ class ScriptedCore(EngineCoreClient):
         self.tokens_per_step = 1
         self.step_interval_s = 0.0
         # Each step waits until every stream took its previous output (so a stream gets one
-        # RequestOutput per step), at most this long for a reader that stalls.
-        self.lockstep_timeout_s = 1.0
+        # RequestOutput per step), at most this long for a reader that stalls; None: however long
+        # that takes, for readers that all read to their end (a loaded machine may not run a
+        # reader for seconds, and an output it has not taken merges with the next step's).
+        self.lockstep_timeout_s: float | None = 1.0
         # vLLM's EngineCore labels every step with its weight version (outputs carry the spans).
         self.weight_version = "default"
         # What a finished request's KV connector hands back (None: no connector, as the demo runs).
@@ -251,9 +253,9 @@ class ScriptedCore(EngineCoreClient):
 
     async def _pace(self) -> None:
         await asyncio.sleep(self.step_interval_s)
-        deadline = time.monotonic() + self.lockstep_timeout_s
+        deadline = None if self.lockstep_timeout_s is None else time.monotonic() + self.lockstep_timeout_s
         spins = 0
-        while self._undelivered() and time.monotonic() < deadline:
+        while self._undelivered() and not self.resources.engine_dead and (deadline is None or time.monotonic() < deadline):
             spins += 1
             await asyncio.sleep(0 if spins < 50 else 0.001)
 
