@@ -9,13 +9,17 @@ GptOssForCausalLM with dummy weights) and KimiK3Parser (the kimi_k3 reasoning pa
 model, as the matrix's sweep runs it). Our server on a real engine answers every case of the
 row as our app over the scripted engine does — each choice's batch message and finish_reason,
 and the folded stream (the real engine may merge steps, so not chunk by chunk).
-Real engine: run under the engine lock.
+Real engines, one per class, all started at once (ENGINES, started by conftest): run under the engine lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -63,31 +67,20 @@ async def _ask(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[int, Any
     return _answers(batch.json(), events)
 
 
-async def _compare(url: str, model_dir, flags: list[str], cases: list[fm.Case], parser_class: str) -> int:
+async def _compare(run: Run, model_dir: Path, real_server: Callable[[], servers.Server]) -> int:
     compared = 0
-    async with pair(model_dir, *flags) as p, httpx.AsyncClient(base_url=url, timeout=120) as real:
+    async with pair(model_dir, *run.flags) as p:
         composed = [c.__name__ for c in p.vllm.app.state.openai_serving_chat.parser_cls.__mro__]
-        assert parser_class in composed, (flags, composed)  # the run proves the class it is for
-        for case in cases:
-            script = p.tokenizer.encode(case.text, add_special_tokens=False)
-            body = await p.derender_request(cc.chat_body(**case.chat), script)
-            assert await _ask(real, body) == await _ask(p.ours.client, body), (flags, case.name)
-            compared += 1
+        assert run.parser_class in composed, (run.flags, composed)  # the run proves the class it is for
+        # The scripted pair opened while the real engine was starting; now wait for it (in a thread).
+        url = (await asyncio.to_thread(real_server)).url
+        async with httpx.AsyncClient(base_url=url, timeout=120) as real:
+            for case in run.cases:
+                script = p.tokenizer.encode(case.text, add_special_tokens=False)
+                body = await p.derender_request(cc.chat_body(**case.chat), script)
+                assert await _ask(real, body) == await _ask(p.ours.client, body), (run.flags, case.name)
+                compared += 1
     return compared
-
-
-def _real_run(name: str, model_dir, log_dir, flags: list[str], cases: list[fm.Case], parser_class: str) -> int:
-    server = servers.ours(name, model_dir, log_dir, *flags).start()
-    try:
-        return asyncio.run(_compare(server.url, model_dir, flags, cases, parser_class))
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory, demo_model):
-    root = tmp_path_factory.mktemp("families")
-    return lambda family: family_model(family, root, demo_model)
 
 
 def _row_cases(row: fm.Row) -> list[fm.Case]:
@@ -95,18 +88,47 @@ def _row_cases(row: fm.Row) -> list[fm.Case]:
     return [case for case in fm.cases(row) if case.name not in dict(row.refused_at_render)]
 
 
-def test_hf_parser_on_a_real_engine_answers_as_on_the_scripted_one(model_dirs, log_dir):
-    cases = _row_cases(HF_ROW)
-    assert _real_run("decode-hf", model_dirs(HF_ROW.family), log_dir, HF_ROW.flags, cases, "ResponseTemplateParser") == len(cases) > 0
+@dataclass
+class Run:
+    """One composed parser class on a real engine: ours with `flags` on `family`'s model."""
+
+    name: str
+    parser_class: str
+    family: str | None  # a matrix family's model directory; None: the demo model
+    flags: list[str]
+    cases: list[fm.Case]
 
 
-def test_harmony_parser_on_a_real_engine_answers_as_on_the_scripted_one(model_dirs, log_dir):
-    # family_model points TIKTOKEN_ENCODINGS_BASE at the o200k copy; the server inherits it.
-    model_dir = model_dirs(GPT_OSS_ROW.family)
-    cases = _row_cases(GPT_OSS_ROW)
-    assert _real_run("decode-gpt-oss", model_dir, log_dir, GPT_OSS_ROW.flags, cases, "HarmonyParser") == len(cases) > 0
+RUNS = [
+    Run("hf", "ResponseTemplateParser", HF_ROW.family, HF_ROW.flags, _row_cases(HF_ROW)),
+    Run("gpt-oss", "HarmonyParser", GPT_OSS_ROW.family, GPT_OSS_ROW.flags, _row_cases(GPT_OSS_ROW)),
+    Run("kimi-k3", "KimiK3Parser", None, fm.flags(*KIMI_K3), sweep_cases(KIMI_K3[0] is not None)),
+]
 
 
-def test_kimi_k3_parser_on_a_real_engine_answers_as_on_the_scripted_one(demo_model, log_dir):
-    cases = sweep_cases(KIMI_K3[0] is not None)
-    assert _real_run("decode-kimi-k3", demo_model, log_dir, fm.flags(*KIMI_K3), cases, "KimiK3Parser") == len(cases) > 0
+def _model_dir(run: Run, demo_model: Path) -> Path:
+    # Beside the session's demo model: built once, by the engine's factory and then found by the test.
+    return demo_model if run.family is None else family_model(run.family, demo_model.parent / "families", demo_model)
+
+
+def _engine(run: Run) -> Callable[[Path, Path], servers.Server]:
+    # The model is built before the server copies the environment: gpt-oss's sets TIKTOKEN_ENCODINGS_BASE.
+    return lambda demo_model, log_dir: servers.ours(f"decode-{run.name}", _model_dir(run, demo_model), log_dir, *run.flags)
+
+
+# conftest starts them all at once, while the module before this one runs: one wait, not three.
+ENGINES = {f"parser-{run.name}": _engine(run) for run in RUNS}
+
+
+@pytest.fixture(scope="module")
+def real_engines(shared_servers):
+    try:
+        yield shared_servers
+    finally:
+        shared_servers.stop(ENGINES)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.name)
+def test_a_composed_parser_class_on_a_real_engine_answers_as_on_the_scripted_one(run: Run, real_engines, demo_model):
+    server = functools.partial(real_engines.get, f"parser-{run.name}")
+    assert asyncio.run(_compare(run, _model_dir(run, demo_model), server)) == len(run.cases) > 0
