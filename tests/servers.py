@@ -120,15 +120,20 @@ class SharedServers:
                 self._servers[name] = self._factories[name]()
                 self._starts[name] = self._pool.submit(self._servers[name].start)
 
+    def _stop(self, name: str) -> None:
+        self._starts[name].exception()
+        self._servers[name].stop()
+
     def get(self, name: str) -> Server:
         self.launch([name])
         return self._starts[name].result()
 
     def stop(self, names: Iterable[str] | None = None) -> None:
-        """These (default: all) stopped, a start still under way first waited for."""
-        for name in list(self._starts) if names is None else names:
-            if name in self._starts:
-                self._starts[name].exception()
-                self._servers[name].stop()
+        """These (default: all) stopped at once (each waits seconds for its engine processes to
+        exit), a start still under way first waited for."""
+        chosen = [name for name in (list(self._starts) if names is None else names) if name in self._starts]
+        with concurrent.futures.ThreadPoolExecutor(max(len(chosen), 1), thread_name_prefix="server-stop") as stopping:
+            for stopped in [stopping.submit(self._stop, name) for name in chosen]:
+                stopped.result()
         if names is None:
             self._pool.shutdown()
