@@ -7,15 +7,20 @@ the family model's response_template): our server on a real engine answers every
 family row as our app over the scripted engine does — each choice's batch message and
 finish_reason, and the folded stream (the real engine may merge steps, so not chunk by chunk).
 Real engine: run under the engine lock.
+
+Its end is a test too, on a server thrown away anyway (one engine start less): a SIGKILL of the
+server leaves no engine process behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from decode_server.tools.family_tokenizers import build_family_model
@@ -23,6 +28,7 @@ from tests import chat_cases as cc
 from tests import servers
 from tests.parser_matrix import families as fm
 from tests.parser_matrix.harness import pair
+from tests.processes import detached_engine_cores
 from tests.support import GENERATE
 
 pytestmark = pytest.mark.real_engine
@@ -73,10 +79,33 @@ def hf_model(tmp_path_factory, demo_model):
     return build_family_model(HF_ROW.family, tmp_path_factory.mktemp("families") / HF_ROW.family, demo_model)
 
 
-def test_hf_parser_on_a_real_engine_answers_as_on_the_scripted_one(hf_model, log_dir):
+@pytest.fixture(scope="module")
+def hf_server(hf_model, log_dir):
     server = servers.ours("decode-hf", hf_model, log_dir, *HF_ROW.flags).start()
     try:
-        compared = asyncio.run(_compare(server.url, hf_model, HF_ROW))
+        yield server
     finally:
         server.stop()
+
+
+def test_hf_parser_on_a_real_engine_answers_as_on_the_scripted_one(hf_server, hf_model):
+    compared = asyncio.run(_compare(hf_server.url, hf_model, HF_ROW))
     assert compared == len(fm.cases(HF_ROW)) - len(HF_ROW.refused_at_render)
+
+
+def test_its_end_a_sigkill_of_the_server_leaves_no_engine_process(hf_server):
+    """The engine core leads a session of its own, so a signal to the server's group misses it
+    (decode_server/process/engine_session.py); it gets SIGTERM when its parent dies instead
+    (PR_SET_PDEATHSIG). Without an engine: tests/test_engine_session.py."""
+    cores = detached_engine_cores(hf_server)
+    try:
+        hf_server.proc.kill()  # the server's pid only: its group is not signalled
+        hf_server.proc.wait(10)
+        started = time.monotonic()
+        _, alive = psutil.wait_procs(cores, timeout=30)
+    finally:
+        for core in cores:
+            if core.is_running():
+                core.kill()
+    assert not alive, f"the engine outlived the server by 30 s: {alive}"
+    print(f"engine core ended {time.monotonic() - started:.1f} s after the server's SIGKILL")
