@@ -22,7 +22,7 @@ QUEUE_LIMIT = DRAIN_STREAMS + 1  # a request with n above it is refused
 # All of them running at once; and one above the queue limit, so that a request with n above it
 # reaches vLLM's admission (our frontend refuses an n above max_num_seqs with a 400 first).
 MAX_NUM_SEQS = QUEUE_LIMIT + 1
-DRAIN_WINDOW_S = 120
+DRAIN_WINDOW_S = 180
 ADAPTER = "my-adapter"
 FRONTEND_FLAGS = (
     *servers.PARSER_FLAGS,

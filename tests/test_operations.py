@@ -42,9 +42,9 @@ UNAUTHORIZED = "missing or wrong API key (send 'Authorization: Bearer <key>')"
 LONG = {"max_tokens": 4000, "ignore_eos": True}  # past any drain's streams: it ends when aborted
 MODES = ("tokens", "text", "derender")
 # Each drained stream's tokens: long enough that all are still open when the signal comes (eager
-# engines ran 64 tokens on a quiet machine, ~50 on a loaded one, before the last stream's first
-# event), short enough to end well inside the window on 2 shared cores (this server, with LoRA
-# enabled, ran ~7 steps/s over 17 streams on a loaded 2-core box: 256 tokens take ~40 s).
+# engines ran 64 tokens on a quiet machine, 10-50 on a loaded one, before the last stream's first
+# event), short enough to end well inside the window on 2 shared cores (this server, LoRA enabled,
+# drained 17 streams of 256 tokens in 50-62 s on a loaded 2-core box).
 DRAIN_SCRIPT = [9707] * 256
 
 
