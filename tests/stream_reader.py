@@ -16,7 +16,8 @@ INDEX = "x-api-server-index"
 
 class StreamReader(threading.Thread):
     """`target`: a server URL, or a client whose connection the stream must use (scale-out tests
-    pick the API process that way); `headers` go with a URL's own client (an API key). `events`: (arrival time, `data:` payload JSON-decoded, "[DONE]")."""
+    pick the API process that way); `headers` go with a URL's own client (an API key). `events`:
+    (arrival time, `data:` payload JSON-decoded, "[DONE]")."""
 
     def __init__(self, target: str | httpx.Client, body: dict[str, Any], headers: dict[str, str] | None = None):
         super().__init__(daemon=True)

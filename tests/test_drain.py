@@ -10,8 +10,8 @@ Three tiers, each proving what only it can:
   cannot finish, so no timing is guessed;
 - a real engine: the same signal, to the whole process group, with vLLM's engine core behind it,
   as the end of tests/test_operations.py's server (one engine start less); its window is long
-  enough for every stream at any engine speed, so there the drain ends when the streams do; the
-  cut at the deadline on a real engine: tests/test_api_server_count.py (two API processes).
+  enough for every stream on a loaded 2-core machine, so there the drain ends when the streams
+  do; the cut at the deadline on a real engine: tests/test_api_server_count.py (two API processes).
 """
 
 from __future__ import annotations
