@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -16,6 +17,15 @@ def engine_cores(server: Server) -> list[psutil.Process]:
     children = psutil.Process(server.proc.pid).children(recursive=True)
     cores = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
     assert cores, [p.name() for p in children]
+    return cores
+
+
+def detached_engine_cores(server: Server) -> list[psutil.Process]:
+    """Its engine cores, each asserted to lead a session of its own (so a signal to the server's
+    process group misses them: decode_server/process/engine_session.py)."""
+    cores = engine_cores(server)
+    for core in cores:
+        assert os.getsid(core.pid) == os.getpgid(core.pid) == core.pid != os.getpgid(server.proc.pid), core
     return cores
 
 

@@ -1,8 +1,8 @@
 """The production-like server: every frontend flag (tests/test_operations.py) and LoRA adapters
 (tests/test_lora.py) on one real engine, started once for both (conftest's `prod_server`).
 
-Its end is a test too (the drain, then its log read back): those tests carry `ends_prod_server`
-and conftest runs them after every other test.
+Its end is a test too (a SIGTERM to its process group drains DRAIN_STREAMS streams, then its log is
+read back): those tests carry `ends_prod_server` and conftest runs them after every other test.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from tests import servers
 
 KEYS = ("s3cret-key", "second-key")
 ORIGIN = "https://ui.example"
-QUEUE_LIMIT = 4  # above what the checks run at once; a request with n above it is refused
-DRAIN_WINDOW_S = 2
+# The drain at its end: this many streams of every mode, plus one that holds the drain open, none
+# refused by the queue limit (vLLM counts waiting and running requests alike, each of a request's n
+# sequences as one), and a window they all end well inside on 2 shared cores.
+DRAIN_STREAMS = 16
+QUEUE_LIMIT = DRAIN_STREAMS + 1  # a request with n above it is refused
+# All of them running at once; and one above the queue limit, so that a request with n above it
+# reaches vLLM's admission (our frontend refuses an n above max_num_seqs with a 400 first).
+MAX_NUM_SEQS = QUEUE_LIMIT + 1
+DRAIN_WINDOW_S = 180
 ADAPTER = "my-adapter"
 FRONTEND_FLAGS = (
     *servers.PARSER_FLAGS,
@@ -26,7 +33,7 @@ FRONTEND_FLAGS = (
     "--allowed-origins", f'["{ORIGIN}"]',
     "--middleware", "tests.support.tag_response",
     "--response-role", "narrator",
-    "--max-num-queued-reqs", str(QUEUE_LIMIT),
+    "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-queued-reqs", str(QUEUE_LIMIT),
     "--enable-scale-out", "--max-log-len", "5",
     "--shutdown-timeout", str(DRAIN_WINDOW_S),
 )

@@ -5,7 +5,7 @@ process stops serving as soon as the last in-flight request has ended, not at th
 On a real socket (tests/loopback.py: our uvicorn with the production configuration, over the
 scripted engine); the drain is started as SIGTERM starts it, through `DrainingServer.handle_exit`
 (off the main thread uvicorn installs no signal handler). A real process under a real signal:
-tests/test_group_drain.py and tests/test_drain.py."""
+tests/test_drain.py, and on a real engine the end of tests/test_operations.py's server."""
 
 from __future__ import annotations
 

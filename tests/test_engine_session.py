@@ -1,7 +1,7 @@
 """decode_server/process/engine_session.py without an engine: what a process multiprocessing starts
 inside `engine_session()` is (its own session, the parent-death signal armed), with both start
-methods, and that it dies with its parent. The real engine under a group SIGTERM and a SIGKILL is
-tests/test_group_drain.py."""
+methods, and that it dies with its parent. The real engine under a group SIGTERM: the end of
+tests/test_operations.py's server; under a SIGKILL of the server: tests/test_parser_matrix_real.py."""
 
 from __future__ import annotations
 

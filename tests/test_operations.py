@@ -1,6 +1,7 @@
 """Operating it on a real engine: one server with every frontend flag (tests/prod_server.py, shared
-with the LoRA checks), one check per feature, then its end: SIGTERM with streams in flight (the
-drain), and its whole log read back as JSON (these two run after every other test).
+with the LoRA checks), one check per feature, then its end: SIGTERM to its process group with
+streams of every mode in flight (the drain, scraped by a real Prometheus), and its whole log read
+back as JSON (these two run after every other test).
 
 The HTTP detail of each (every guarded route, exact metric values, CORS refusals, access-line
 flags, keep-alive pacing, the clients' error paths, the fuzz) runs in process over the scripted
@@ -14,17 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import time
 
 import httpx
+import psutil
 import pytest
 
 from protocol.clients.generate import AsyncClient, Client
 from protocol.errors import GenerateError
-from decode_server.config import DRAIN_FLUSH_S
-from tests.prod_server import DRAIN_WINDOW_S, KEYS, ORIGIN, QUEUE_LIMIT, auth
-from tests.processes import sigterm_and_wait
+from tests.inprocess import body_for
+from tests.observability_queries import Query, dashboard_queries, load_dashboard, selectors
+from tests.processes import detached_engine_cores
+from tests.prod_server import DRAIN_STREAMS, DRAIN_WINDOW_S, KEYS, ORIGIN, QUEUE_LIMIT, auth
+from tests.prometheus_server import Prometheus
 from tests.stream_reader import StreamReader
-from tests.support import GENERATE, finish_reason, joined_tokens, metric_sum, scripted
+from tests.support import GENERATE, choice_chunks, finish_reason, joined_text, joined_tokens, metric_sum, scripted
 
 pytestmark = pytest.mark.real_engine
 
@@ -32,7 +39,13 @@ PROMPT = [9707, 11]
 IM_END = 151645
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 UNAUTHORIZED = "missing or wrong API key (send 'Authorization: Bearer <key>')"
-LONG = {"max_tokens": 3000, "ignore_eos": True}
+LONG = {"max_tokens": 4000, "ignore_eos": True}  # past any drain's streams: it ends when aborted
+MODES = ("tokens", "text", "derender")
+# Each drained stream's tokens: long enough that all are still open when the signal comes (eager
+# engines ran 64 tokens on a quiet machine, 10-50 on a loaded one, before the last stream's first
+# event), short enough to end well inside the window on 2 shared cores (this server, LoRA enabled,
+# drained 17 streams of 256 tokens in 50-62 s on a loaded 2-core box).
+DRAIN_SCRIPT = [9707] * 256
 
 
 @pytest.fixture
@@ -168,35 +181,82 @@ def test_vllms_queue_limit_is_a_503_with_retry_after_and_no_stack_trace(prod_ser
 # ------------------------------------------------------------------ its end (these two run last)
 
 
+def _output(reader: StreamReader) -> list[int] | str:
+    events = reader.payloads()
+    mode = reader.body["output_mode"]
+    if mode == "tokens":
+        return joined_tokens(events)
+    if mode == "text":
+        return joined_text(events)
+    return "".join(c["delta"].get("content") or "" for c in choice_chunks(events))
+
+
+def _engine_panels() -> list[Query]:
+    """The dashboard's queries on vLLM's own series that any engine has (not the KV connector's)."""
+    return [
+        q for q in dashboard_queries(load_dashboard())
+        if all(s.name.startswith("vllm:") and "nixl" not in s.name and "kv_fetch" not in s.name for s in selectors(q.promql))
+    ]
+
+
 @pytest.mark.ends_prod_server
-def test_sigterm_on_a_real_engine_ends_every_stream_then_exits_zero(prod_server):
-    """The drain with vLLM's engine core behind it (the decision itself: tests/test_drain.py, in
-    process). Which stream fits the window is the engine's speed, so only what holds at any speed
-    is asserted: every stream ends with [DONE] after a finish reason, the long one with "abort",
-    exit 0, no process left."""
-    long_body = scripted([9707], [], request_id="drain-long", sampling_params={"max_tokens": 4000, "ignore_eos": True})
-    with httpx.Client(base_url=prod_server.url, headers=auth(), timeout=120) as c1, \
-            httpx.Client(base_url=prod_server.url, headers=auth(), timeout=120) as c2:
-        long = StreamReader(c1, long_body)
-        long.wait_events(3)
-        speed = long.tokens_per_s()
-        # The short one is sized to a quarter of the window at the speed just measured.
-        short_script = [9707] * max(2, int(speed * DRAIN_WINDOW_S / 4))
-        short = StreamReader(c2, scripted([9707], short_script, request_id="drain-short"))
-        short.wait_events(1)
-        in_flight = not short.done()
-        code, elapsed, alive = sigterm_and_wait(prod_server, [long, short])
-    short_end = finish_reason(short.payloads())
-    print(f"engine {speed:.0f} tokens/s; short ({len(short_script)} tokens, in flight at SIGTERM: {in_flight}) "
-          f"ended {short_end!r}; exit after {elapsed:.1f} s")
-    assert short_end in ("stop", "abort")
-    if short_end == "stop":
-        assert joined_tokens(short.payloads()) == short_script + [IM_END]
-    assert finish_reason(long.payloads()) == "abort", "if 'length': the engine outran 4,000 tokens, make it longer"
-    assert long.payloads()[-1] == short.payloads()[-1] == "[DONE]"
+def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_server, tokenizer, tmp_path):
+    """The drain with vLLM's engine core behind it, signalled as Ctrl+C, `kill -TERM -- -PGID` or an
+    init wrapper does: to the server's whole process group. The engine cores lead sessions of their
+    own (decode_server/process/engine_session.py), so the group's SIGTERM reaches only the server,
+    which drains: DRAIN_STREAMS open streams of every mode end with "stop" and their full output; one
+    more, endless, keeps the drain open (the process still runs once they are done) until it is
+    aborted; then exit 0 when the last stream ended, not at the deadline, and no process left. A real
+    Prometheus scrapes it: the dashboard's engine panels have data, and decode_server_draining 1 is
+    scraped mid-drain (the server still answers scrapes while it drains).
+
+    What is left at the deadline ends with "abort": tests/test_drain.py (in process, and a real
+    process over the scripted engine), and on a real engine tests/test_api_server_count.py."""
+    prom = Prometheus(tmp_path, prod_server.url.removeprefix("http://"))
+    try:
+        cores = detached_engine_cores(prod_server)
+        everyone = psutil.Process(prod_server.proc.pid).children(recursive=True)
+        warm = httpx.post(prod_server.url + GENERATE, json=body_for("tokens", DRAIN_SCRIPT[:8]), headers=auth(), timeout=120)
+        assert warm.status_code == 200, warm.text
+        panels = _engine_panels()
+        prom.until(lambda: all(prom.query(q.promql) for q in panels), f"data for {[q.where for q in panels]}")
+        # First, so the others' start does not delay its first event.
+        held = StreamReader(prod_server.url, body_for("tokens", [], request_id="drain-held", sampling_params=LONG), auth())
+        held.wait_events(1)
+        readers = [
+            StreamReader(prod_server.url, body_for(MODES[i % len(MODES)], DRAIN_SCRIPT, request_id=f"drain-{i}"), auth())
+            for i in range(DRAIN_STREAMS)
+        ]
+        for reader in readers:
+            reader.wait_events(1)
+        assert not any(r.done() for r in readers), "every stream is open when the signal comes"
+        started = time.monotonic()
+        os.killpg(prod_server.proc.pid, signal.SIGTERM)
+        prom.until(lambda: prom.query('decode_server_draining{job="decode-server"} == 1'), "scraping the drain")
+        for reader in readers:
+            reader.join(DRAIN_WINDOW_S + 30)
+        assert prod_server.proc.poll() is None and not held.done(), (
+            f"the drain lasts while a request is in flight; the held one ended {finish_reason(held.payloads())!r} "
+            f"{time.monotonic() - started:.0f} s after the signal (at the deadline: the streams were slower than the window)"
+        )
+        aborted = httpx.post(prod_server.url + "/abort_requests", json={"request_ids": ["drain-held"]}, headers=auth(), timeout=10)
+        assert aborted.status_code == 200, aborted.text
+        held.join(30)
+        code = prod_server.proc.wait(60)
+        elapsed = time.monotonic() - started
+        _, alive = psutil.wait_procs([*everyone, *cores], timeout=30)
+    finally:
+        prom.close()
+    ends = [(r.body["output_mode"], finish_reason(r.payloads()), r.payloads()[-1:]) for r in readers]
+    assert ends == [(MODES[i % len(MODES)], "stop", ["[DONE]"]) for i in range(DRAIN_STREAMS)], prod_server.log_tail()
+    text = tokenizer.decode(DRAIN_SCRIPT)
+    expected = {"tokens": DRAIN_SCRIPT + [IM_END], "text": text, "derender": text}
+    assert [_output(r) for r in readers] == [expected[MODES[i % len(MODES)]] for i in range(DRAIN_STREAMS)]
+    assert (finish_reason(held.payloads()), held.payloads()[-1]) == ("abort", "[DONE]")
     assert code == 0, prod_server.log_tail()
-    assert DRAIN_WINDOW_S <= elapsed < DRAIN_WINDOW_S + DRAIN_FLUSH_S + 60, elapsed
+    assert elapsed < DRAIN_WINDOW_S, f"{elapsed:.1f} s: the drain ended when the streams did, not at the deadline"
     assert not alive, f"outlived the server: {alive}"
+    print(f"{DRAIN_STREAMS} streams drained; exit 0 after {elapsed:.1f} s")
 
 
 @pytest.mark.ends_prod_server

@@ -10,6 +10,9 @@ model, as the matrix's sweep runs it). Our server on a real engine answers every
 row as our app over the scripted engine does — each choice's batch message and finish_reason,
 and the folded stream (the real engine may merge steps, so not chunk by chunk).
 Real engines, one per class, all started at once (ENGINES, started by conftest): run under the engine lock.
+
+Its end is a test too, on a server thrown away anyway (one engine start less): a SIGKILL of the
+`hf` server leaves no engine process behind.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from tests import chat_cases as cc
@@ -31,6 +36,7 @@ from tests.parser_matrix import families as fm
 from tests.parser_matrix.coverage import SWEEP, sweep_cases
 from tests.parser_matrix.harness import pair
 from tests.parser_matrix.models import family_model
+from tests.processes import detached_engine_cores
 from tests.support import GENERATE
 
 pytestmark = pytest.mark.real_engine
@@ -132,3 +138,22 @@ def real_engines(shared_servers):
 def test_a_composed_parser_class_on_a_real_engine_answers_as_on_the_scripted_one(run: Run, real_engines, demo_model):
     server = functools.partial(real_engines.get, f"parser-{run.name}")
     assert asyncio.run(_compare(run, _model_dir(run, demo_model), server)) == len(run.cases) > 0
+
+
+def test_its_end_a_sigkill_of_the_server_leaves_no_engine_process(real_engines):
+    """The engine core leads a session of its own, so a signal to the server's group misses it
+    (decode_server/process/engine_session.py); it gets SIGTERM when its parent dies instead
+    (PR_SET_PDEATHSIG). Without an engine: tests/test_engine_session.py."""
+    hf_server = real_engines.get("parser-hf")
+    cores = detached_engine_cores(hf_server)
+    try:
+        hf_server.proc.kill()  # the server's pid only: its group is not signalled
+        hf_server.proc.wait(10)
+        started = time.monotonic()
+        _, alive = psutil.wait_procs(cores, timeout=30)
+    finally:
+        for core in cores:
+            if core.is_running():
+                core.kill()
+    assert not alive, f"the engine outlived the server by 30 s: {alive}"
+    print(f"engine core ended {time.monotonic() - started:.1f} s after the server's SIGKILL")
