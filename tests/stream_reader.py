@@ -16,15 +16,12 @@ INDEX = "x-api-server-index"
 
 class StreamReader(threading.Thread):
     """`target`: a server URL, or a client whose connection the stream must use (scale-out tests
-    pick the API process that way); `headers` go with a URL's own client (an API key). `events`:
-    (arrival time, `data:` payload JSON-decoded, "[DONE]")."""
+    pick the API process that way). `events`: (arrival time, `data:` payload JSON-decoded, "[DONE]")."""
 
-    def __init__(self, target: str | httpx.Client, body: dict[str, Any], headers: dict[str, str] | None = None):
+    def __init__(self, target: str | httpx.Client, body: dict[str, Any]):
         super().__init__(daemon=True)
-        owned = isinstance(target, str)
-        assert owned or headers is None, "a client brings its own headers"
-        self._client = httpx.Client(base_url=target, headers=headers, timeout=120) if owned else target
-        self._owns_client = owned
+        self._client = httpx.Client(base_url=target, timeout=120) if isinstance(target, str) else target
+        self._owns_client = isinstance(target, str)
         self.body = {**body, "stream": True}
         self.events: list[tuple[float, Any]] = []
         self.index: str | None = None  # the API process that served it (X-Api-Server-Index)

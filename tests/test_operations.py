@@ -14,6 +14,7 @@ configuration, and the engine's own outputs (logprobs, cached tokens, vLLM's que
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -199,6 +200,13 @@ def _engine_panels() -> list[Query]:
     ]
 
 
+def _connected(server, closing: contextlib.ExitStack) -> httpx.Client:
+    client = httpx.Client(base_url=server.url, headers=auth(), timeout=120)
+    closing.callback(client.close)
+    assert client.get("/health").status_code == 200  # its connection open, kept alive for the stream
+    return client
+
+
 @pytest.mark.ends_prod_server
 def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_server, tokenizer, tmp_path):
     """The drain with vLLM's engine core behind it, signalled as Ctrl+C, `kill -TERM -- -PGID` or an
@@ -213,6 +221,7 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_s
     What is left at the deadline ends with "abort": tests/test_drain.py (in process, and a real
     process over the scripted engine), and on a real engine tests/test_api_server_count.py."""
     prom = Prometheus(tmp_path, prod_server.url.removeprefix("http://"))
+    clients = contextlib.ExitStack()
     try:
         cores = detached_engine_cores(prod_server)
         everyone = psutil.Process(prod_server.proc.pid).children(recursive=True)
@@ -220,12 +229,16 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_s
         assert warm.status_code == 200, warm.text
         panels = _engine_panels()
         prom.until(lambda: all(prom.query(q.promql) for q in panels), f"data for {[q.where for q in panels]}")
+        # A client each, connected before any stream starts, so that only the requests go out
+        # between them (with a client built between each, one run's second stream reached the
+        # server 3.7 s after the first, which had run 250 of its 256 tokens alone by then).
+        held_client, *stream_clients = [_connected(prod_server, clients) for _ in range(DRAIN_STREAMS + 1)]
         # First, so the others' start does not delay its first event.
-        held = StreamReader(prod_server.url, body_for("tokens", [], request_id="drain-held", sampling_params=LONG), auth())
+        held = StreamReader(held_client, body_for("tokens", [], request_id="drain-held", sampling_params=LONG))
         held.wait_events(1)
         readers = [
-            StreamReader(prod_server.url, body_for(MODES[i % len(MODES)], DRAIN_SCRIPT, request_id=f"drain-{i}"), auth())
-            for i in range(DRAIN_STREAMS)
+            StreamReader(client, body_for(MODES[i % len(MODES)], DRAIN_SCRIPT, request_id=f"drain-{i}"))
+            for i, client in enumerate(stream_clients)
         ]
         for reader in readers:
             reader.wait_events(1)
@@ -246,6 +259,7 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_s
         elapsed = time.monotonic() - started
         _, alive = psutil.wait_procs([*everyone, *cores], timeout=30)
     finally:
+        clients.close()
         prom.close()
     ends = [(r.body["output_mode"], finish_reason(r.payloads()), r.payloads()[-1:]) for r in readers]
     assert ends == [(MODES[i % len(MODES)], "stop", ["[DONE]"]) for i in range(DRAIN_STREAMS)], prod_server.log_tail()
