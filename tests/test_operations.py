@@ -118,10 +118,19 @@ def test_one_json_access_line_per_request(prod_server, http):
         json=scripted(PROMPT, [9707], output_mode="text"),
         headers={**auth(), "X-Request-Id": "access-line-1"},
     )
-    assert r.status_code == 200
-    lines = [json.loads(line) for line in prod_server.log_path.read_text().splitlines() if line.startswith("{")]
-    access = [entry for entry in lines if entry.get("request_id") == "access-line-1"]
-    assert len(access) == 1
+    assert r.status_code == 200, r.text
+
+    def access_lines() -> list[dict]:
+        complete = prod_server.log_path.read_text().split("\n")[:-1]  # not a line still being written
+        return [e for e in map(json.loads, complete) if e.get("request_id") == "access-line-1"]
+
+    # The log reaches the file after the answer: through the server's stdio relay (its own thread).
+    deadline = time.monotonic() + 10
+    while not access_lines() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a second line for the same request would come as soon
+    access = access_lines()
+    assert len(access) == 1, access
     entry = access[0]
     assert entry["logger"] == "decode_server.access"
     assert entry["output_mode"] == "text" and entry["status"] == 200
