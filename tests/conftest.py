@@ -87,15 +87,23 @@ SHARED = ("server", "vllm_server", "prod_server")
 _POOL = pytest.StashKey["servers.SharedServers"]()
 
 
-def _engine_modules(session: pytest.Session) -> list:
-    """The session's modules that start engines of their own (a module-level `ENGINES`: name ->
-    factory(demo_model, log_dir)), in the order they run."""
+_ORDER = pytest.StashKey[list]()
+
+
+def _module_order(session: pytest.Session) -> list:
+    """The session's modules in the order they run."""
     modules: list = []
     for item in session.items:
         module = getattr(item, "module", None)
-        if hasattr(module, "ENGINES") and module not in modules:
+        if module is not None and module not in modules:
             modules.append(module)
     return modules
+
+
+def _engine_modules(session: pytest.Session) -> list:
+    """The session's modules that start engines of their own (a module-level `ENGINES`: name ->
+    factory(demo_model, log_dir)), in the order they run."""
+    return [module for module in _module_order(session) if hasattr(module, "ENGINES")]
 
 
 @pytest.fixture(scope="session")
@@ -133,13 +141,16 @@ def _engines_start_early(request):
 
 
 def pytest_runtest_setup(item):
-    """When a module with engines of its own begins, the next such module's start beside its tests
-    (at most two modules' own engines are up at once)."""
+    """A module's own engines start when the module before it in the run begins, so that their
+    start-up overlaps that module's tests (today: test_derender's before test_faults', none
+    beside a module with timed checks); the first such module's start with the session."""
     pool = item.config.stash.get(_POOL, None)
-    modules = _engine_modules(item.session) if pool is not None else []
+    if pool is None:
+        return
+    order = item.config.stash.setdefault(_ORDER, _module_order(item.session))
     module = getattr(item, "module", None)
-    if module in modules and modules.index(module) + 1 < len(modules):
-        pool.launch(modules[modules.index(module) + 1].ENGINES)
+    if module in order and order.index(module) + 1 < len(order):
+        pool.launch(getattr(order[order.index(module) + 1], "ENGINES", {}))
 
 
 @pytest.fixture(scope="session")
