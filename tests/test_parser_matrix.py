@@ -57,7 +57,8 @@ def _assert_parity(ours: Side, theirs: Side, where: str, differs: str | None) ->
 
 
 def _stream_equals_batch(side: Side, i: int) -> bool:
-    return cc.without_ids(side.folded(i)) == cc.without_ids(side.batch_folded(i))
+    same_message = cc.without_ids(side.folded(i)) == cc.without_ids(side.batch_folded(i))
+    return same_message and side.stream_finish(i) == side.batch_finish(i)
 
 
 async def _refused(p: Pair, row: fm.Row, case: fm.Case) -> bool:
@@ -82,8 +83,9 @@ async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> No
         if not _stream_equals_batch(ours, i):
             # Beyond vLLM: the folded stream is the batch answer, unless vLLM's own chat differs
             # there too (then parity wins, and docs/parsers.md records the case).
+            # The answer is the message and its finish_reason: a client acts on both.
             assert not _stream_equals_batch(theirs, i), f"{where}: our stream and batch differ where vLLM's agree"
-            report.record(row_id, case.name, ours.folded(i), ours.batch_folded(i))
+            report.record(row_id, case.name, (ours.folded(i), ours.stream_finish(i)), (ours.batch_folded(i), ours.batch_finish(i)))
 
 
 # Every row at interval 1 with n=1 on every case, and at interval 4 with n=2 (multi-token deltas,

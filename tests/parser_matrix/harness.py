@@ -53,6 +53,9 @@ class Side:
     def batch_folded(self, index: int) -> dict[str, Any]:
         return cc.batch_message(self.batch[index][0])
 
+    def batch_finish(self, index: int) -> str | None:
+        return self.batch[index][1]
+
     def stream_finish(self, index: int) -> str | None:
         reasons = [f for _, f in self.stream[index] if f]
         return reasons[-1] if reasons else None

@@ -1,7 +1,8 @@
 """Where vLLM's own stream and batch answers disagree: which one is right, and why.
 
 We keep vLLM's answers (parity) and say here which a client should trust. A rule judges a whole
-class of cases from the two messages; a case no rule covers is judged by hand in BY_HAND.
+class of cases from the two answers (message, finish_reason); a case no rule covers is judged by
+hand in BY_HAND.
 """
 
 from __future__ import annotations
@@ -126,4 +127,55 @@ def verdict(row: str, case: str, folded: dict[str, Any], batch: dict[str, Any]) 
             return CUT_DROPPED
         if [n for n, _ in kept] == [n for n, _ in cut] and kept[-1][1] == {}:
             return CUT_EMPTY
+    return None
+
+
+# finish_reason. vLLM's batch answer says `tool_calls` whenever its parser returned a call under
+# auto tool choice, whatever the engine's reason, and for tool_choice=required whenever the engine
+# stopped; its stream says `tool_calls` only when it streamed a call and the engine stopped.
+_LENGTH_CUT = (
+    "stream is right (`length`): the engine stopped at max_tokens inside the call, so the call is not "
+    "complete; vLLM's batch answer says `tool_calls` because its parser returned a call, whatever the "
+    "engine's reason{truncated}. A client that runs the calls of a `tool_calls` choice would run an "
+    "unfinished call"
+)
+_TRUNCATED = ", here with cut-off JSON arguments (`{arguments}`)"
+FINISH_FOLLOWS_MESSAGE = (
+    "each finish_reason matches its own message (`tool_calls` exactly where that message has a call), "
+    "so the right one is that of the message judged right above"
+)
+FINISH_REQUIRED = (
+    "stream is right (`stop`): no call was parsed (neither message has one), yet with "
+    "tool_choice=required vLLM's batch answer says `tool_calls` whenever the engine stopped; a client "
+    "told `tool_calls` finds no call to run"
+)
+
+
+def _cut_arguments(message: dict[str, Any]) -> str | None:
+    """The last call's arguments when they are not complete JSON."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return None
+    try:
+        json.loads(calls[-1].get("arguments") or "{}")
+    except json.JSONDecodeError:
+        return calls[-1]["arguments"]
+    return None
+
+
+def finish_verdict(
+    row: str, case: str, stream: str | None, batch: str | None, folded: dict[str, Any], batch_message: dict[str, Any]
+) -> str | None:
+    """Which of the stream's and the batch's finish_reason is right, or None when not judged yet."""
+    if row.startswith("demo:"):
+        return FOREIGN
+    if (stream, batch) == ("length", "tool_calls"):
+        arguments = _cut_arguments(batch_message)
+        return _LENGTH_CUT.format(truncated=_TRUNCATED.format(arguments=arguments) if arguments is not None else "")
+    no_calls = not folded.get("tool_calls") and not batch_message.get("tool_calls")
+    if case == "tool_choice_required" and (stream, batch) == ("stop", "tool_calls") and no_calls:
+        return FINISH_REQUIRED
+    says_calls = {"tool_calls": True, "stop": False}
+    if says_calls.get(stream) == bool(folded.get("tool_calls")) and says_calls.get(batch) == bool(batch_message.get("tool_calls")):
+        return FINISH_FOLLOWS_MESSAGE
     return None
