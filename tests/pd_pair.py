@@ -200,24 +200,9 @@ def nixl_server(
     """A decode-server with the NixlConnector (`extra`: more flags, e.g. --tokens-only or parsers)."""
     argv = [sys.executable, "-m", "decode_server.process.cli", "serve", str(model), *engine_flags_with_real_weights()]
     side_channel = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(servers.free_port()), "VLLM_CPU_OMP_THREADS_BIND": bind}
-    return servers.Server(name, [*argv, *extra, "--kv-transfer-config", kv_transfer_config], log_dir, env={**env, **side_channel})
-
-
-def _start(server: servers.Server) -> servers.Server:
-    """Start it; once more on fresh ports if a port picked free was taken before the server bound it
-    (several engines start at once here, each binding ports of its own)."""
-    try:
-        return server.start()
-    except RuntimeError as e:
-        if "address already in use" not in str(e):
-            raise
-    server.port = servers.free_port()
-    server.url = f"http://127.0.0.1:{server.port}"
-    assert server.argv[-2] == "--port"
-    server.argv[-1] = str(server.port)
-    if "VLLM_NIXL_SIDE_CHANNEL_PORT" in server.env:
-        server.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(servers.free_port())
-    return server.start()
+    server = servers.Server(name, [*argv, *extra, "--kv-transfer-config", kv_transfer_config], log_dir, env={**env, **side_channel})
+    server.port_env = ("VLLM_NIXL_SIDE_CHANNEL_PORT",)
+    return server
 
 
 def start_all(to_start: list[servers.Server]) -> list[servers.Server]:
@@ -226,7 +211,7 @@ def start_all(to_start: list[servers.Server]) -> list[servers.Server]:
     if not to_start:
         return started
     with concurrent.futures.ThreadPoolExecutor(len(to_start)) as pool:
-        futures = {pool.submit(_start, s): s for s in to_start}
+        futures = {pool.submit(s.start): s for s in to_start}
         for f in concurrent.futures.as_completed(futures):
             started.append(futures[f])
             f.result()

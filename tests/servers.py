@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,10 +38,31 @@ ENGINE_FLAGS = [
 PARSER_FLAGS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
 
 
+# Ports for servers come from below the kernel's ephemeral range (32768-60999 by default), where
+# nothing else here binds: a port the kernel handed out as free is, by the time a server binds it
+# (after its engine started, a minute later), as likely to be the kernel's next pick for one of
+# the many engines starting beside it (it was, once: "address already in use").
+_PORTS_BELOW = 32768
+_PORTS_FROM = 20000 + (os.getpid() * 7919) % 8000  # concurrent sessions start in different places
+_given: set[int] = set()
+_ports_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now and that this session has not handed out before."""
+    with _ports_lock:
+        for offset in range(_PORTS_BELOW - 20000):
+            port = 20000 + (_PORTS_FROM - 20000 + offset) % (_PORTS_BELOW - 20000)
+            if port in _given:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("0.0.0.0", port))
+                except OSError:
+                    continue
+            _given.add(port)
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Server:
@@ -53,10 +75,27 @@ class Server:
         # Several engines share 2 cores in a test run: let the OS schedule them
         # (pinning each to the same cores by "auto" slows all of them down).
         self.env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}
+        # Variables in `env` that hold a port of the server's own (a side channel): picked anew with
+        # the server's port when a start finds one taken.
+        self.port_env: tuple[str, ...] = ()
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 420) -> Server:
-        self._log = open(self.log_path, "wb")
+    def start(self, timeout_s: float = 420, attempts: int = 3) -> Server:
+        """Started and healthy; on fresh ports again when one it was given was taken meanwhile."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout_s, "wb" if attempt == 0 else "ab")
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == attempts - 1:
+                    raise
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.argv[-1] = str(self.port)  # after "--port"
+            self.env.update({name: str(free_port()) for name in self.port_env})
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float, log_mode: str) -> Server:
+        self._log = open(self.log_path, log_mode)
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
