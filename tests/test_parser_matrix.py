@@ -85,7 +85,8 @@ async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> No
             # there too (then parity wins, and docs/parsers.md records the case).
             # The answer is the message and its finish_reason: a client acts on both.
             assert not _stream_equals_batch(theirs, i), f"{where}: our stream and batch differ where vLLM's agree"
-            report.record(row_id, case.name, (ours.folded(i), ours.stream_finish(i)), (ours.batch_folded(i), ours.batch_finish(i)))
+            unjudged = report.record(row_id, case.name, (ours.folded(i), ours.stream_finish(i)), (ours.batch_folded(i), ours.batch_finish(i)))
+            assert not unjudged, f"{where}: vLLM's stream and batch differ in {unjudged}; say which is right in tests/parser_matrix/verdicts.py"
 
 
 # Every row at interval 1 with n=1 on every case, and at interval 4 with n=2 (multi-token deltas,

@@ -36,8 +36,21 @@ def passed(row: str, what: str) -> None:
     PASSED.setdefault(row, set()).add(what)
 
 
-def record(row: str, case: str, stream: Answer, batch: Answer) -> None:
+def record(row: str, case: str, stream: Answer, batch: Answer) -> list[str]:
+    """Notes the case; returns the parts (message, finish_reason) that differ with no verdict."""
     RECORDED[(row, case)] = (stream, batch)
+    return [part for part, judged in _verdicts(row, case, stream, batch).items() if judged is None]
+
+
+def _verdicts(row: str, case: str, stream: Answer, batch: Answer) -> dict[str, str | None]:
+    """A verdict for each part that differs (None where none is written yet)."""
+    (folded, stream_finish), (batch_message, batch_finish) = stream, batch
+    out: dict[str, str | None] = {}
+    if without_ids(folded) != without_ids(batch_message):
+        out["message"] = verdict(row, case, folded, batch_message)
+    if stream_finish != batch_finish:
+        out["finish_reason"] = finish_verdict(row, case, stream_finish, batch_finish, folded, batch_message)
+    return out
 
 
 def _cell(row: str, what: str) -> str:
@@ -100,16 +113,14 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
     out += ["", "## Where vLLM's own stream and batch disagree (parity with vLLM kept)", ""]
     if not RECORDED:
         out.append("None found.")
-    for (row, case), ((folded, stream_finish), (batch, batch_finish)) in sorted(RECORDED.items()):
+    for (row, case), (stream, batch) in sorted(RECORDED.items()):
+        (folded, stream_finish), (batch_message, batch_finish) = stream, batch
         out += [
             f"- **{row}**, `{case}`:",
             f"  - stream folds to `{_short(folded)}`, finish_reason `{stream_finish}`",
-            f"  - batch gives `{_short(batch)}`, finish_reason `{batch_finish}`",
+            f"  - batch gives `{_short(batch_message)}`, finish_reason `{batch_finish}`",
         ]
-        if without_ids(folded) != without_ids(batch):
-            out.append(f"  - message: {verdict(row, case, folded, batch) or NOT_JUDGED}")
-        if stream_finish != batch_finish:
-            out.append(f"  - finish_reason: {finish_verdict(row, case, stream_finish, batch_finish, folded, batch) or NOT_JUDGED}")
+        out += [f"  - {part}: {judged or NOT_JUDGED}" for part, judged in _verdicts(row, case, stream, batch).items()]
     return "\n".join(out) + "\n"
 
 
