@@ -100,7 +100,10 @@ def test_final_chunk_carries_only_held_back_text(server, tokenizer):
     last = chunks[-1]
     assert joined_text(events) == text
     assert last["finish_reason"] == "stop"
-    assert last["token_ids"] == [IM_END] and last["text"] != ""
+    # A real engine hands a reader that fell behind its missed steps as one merged delta, so the last
+    # chunk may carry more tokens than EOS; the held-back "ab" reaches only the last chunk either way.
+    assert last["token_ids"][-1] == IM_END and last["text"].endswith("ab")
+    assert "ab" not in "".join(c["text"] for c in chunks[:-1]), chunks
 
 
 def test_top_logprobs_resolve_strings_and_bytes(server, tokenizer):
