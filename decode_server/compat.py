@@ -89,6 +89,23 @@ PARSE_CONTEXT_ERROR: Callable[[dict[str, Any]], Any] = (
 )
 
 
+# ------------------------------------------------------------------ tool calls in the history
+
+
+def _count_with_setter(parser: Any, count: int) -> None:
+    parser.set_history_tool_call_count(count)  # 0.33: ParseContext's history_tool_call_cnt reaches the parser
+
+
+def _count_into_stream_state(parser: Any, count: int) -> None:
+    # 0.32 counts the history from request.messages only (empty on a decode server): set its state.
+    parser._stream_state.history_tool_call_cnt = count
+    parser._stream_state.history_tool_call_cnt_initialized = True
+
+
+# (a new derender parser, the tool calls the rendered history holds) → the parser numbers its ids after them
+SET_HISTORY_TOOL_CALL_COUNT: Callable[[Any, int], None] = _count_with_setter if _V033 else _count_into_stream_state
+
+
 # ------------------------------------------------------------------ batch derender
 
 

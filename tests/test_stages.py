@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 from vllm.logprobs import Logprob
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import CompletionOutput, RequestOutput, SamplingMask
 from vllm.sampling_params import SamplingParams
 
 from decode_server.errors import EngineGenerationError
@@ -118,7 +118,9 @@ def test_batch_response_is_built_from_the_one_final_step():
 
 def test_withheld_token_ids_are_null_on_the_wire_but_still_counted_in_usage():
     ctx = WireContext("req-3", "demo", MODES["tokens"], include_usage=True)
-    step = Step(output(choice([11, 12], finish="stop"), finished=True))
+    masked = choice([11, 12], finish="stop")
+    masked.sampling_mask = SamplingMask([[11, 13], [12]])  # the support sets would tell the hidden tokens
+    step = Step(output(masked, finished=True))
 
     async def hidden() -> AsyncIterator[Step]:
         async for s in token_steps(_aiter([step.output]), keep_text_only=False):
@@ -129,6 +131,7 @@ def test_withheld_token_ids_are_null_on_the_wire_but_still_counted_in_usage():
     stats = RequestStats()
     chunks = [wire_json(c) for c in run(stream_chunks(ctx, counted(hidden(), stats, final_only=False), stats))]
     assert chunks[0]["choices"][0]["token_ids"] is None and chunks[0]["choices"][0]["logprobs"] is None
+    assert chunks[0]["choices"][0]["sampling_mask"] is None  # as vLLM 0.33's batch derender hides it
     assert chunks[1]["usage"]["completion_tokens"] == 2
 
 

@@ -24,7 +24,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.parser import ParserManager
 from vllm.renderers.chat_utils import get_tool_call_id_type
 
-from decode_server.compat import VLLM_DERENDER_WITHOUT_CONTEXT, vllm_batch_derenderer
+from decode_server.compat import SET_HISTORY_TOOL_CALL_COUNT, VLLM_DERENDER_WITHOUT_CONTEXT, vllm_batch_derenderer
 from decode_server.config import DerenderConfig
 from decode_server.errors import Rejected
 from protocol.chat import ParseContext
@@ -175,13 +175,7 @@ class DerenderPlan:
             model_config=d.model_config,
         )
         if self.history_tool_call_cnt:
-            # vLLM 0.32 only counts history from request.messages (empty here); 0.33 has a setter.
-            setter = getattr(parser, "set_history_tool_call_count", None)
-            if setter is not None:
-                setter(self.history_tool_call_cnt)
-            else:
-                parser._stream_state.history_tool_call_cnt = self.history_tool_call_cnt
-                parser._stream_state.history_tool_call_cnt_initialized = True
+            SET_HISTORY_TOOL_CALL_COUNT(parser, self.history_tool_call_cnt)
         return parser
 
 

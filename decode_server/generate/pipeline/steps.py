@@ -33,9 +33,11 @@ class ChoiceStep:
     emit: bool = True
 
     def withhold_metadata(self) -> None:
-        """Token ids and logprobs would reveal what a stage hides (as coupled chat hides them)."""
+        """Token ids, logprobs and the sampling mask would reveal what a stage hides (as coupled
+        chat hides the first two, and 0.33's batch derender all three)."""
         self.token_ids = None
         self.logprobs = None
+        self.extras.pop("sampling_mask", None)
 
 
 @dataclass(slots=True)
