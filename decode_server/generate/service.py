@@ -25,7 +25,7 @@ from decode_server.generate.pipeline.steps import Step
 from decode_server.generate.pipeline.tokens import token_steps
 from decode_server.generate.pipeline.wire import WireContext, batch_response, stream_chunks
 from decode_server.runtime.engine import Engine, EngineOptions, EngineRequest
-from decode_server.runtime.kv_transfer import first_token_pending, first_token_within, is_remote_prefill
+from decode_server.runtime.kv_transfer import first_token_pending, first_token_within
 from decode_server.runtime.lora import Models
 from decode_server.runtime.metrics import Metrics
 from decode_server.runtime.request_record import RequestRecord, RequestStats
@@ -128,7 +128,7 @@ class GenerateService:
 
     def _remote_prefill_name(self, kv: dict[str, Any] | None) -> str | None:
         """A unique alias for a decode leg of a KV-connector engine (None for anything else)."""
-        if not is_remote_prefill(kv) or self.engine.llm.vllm_config.kv_transfer_config is None:
+        if not self.engine.pulls_remote_kv(kv):
             return None
         return f"remote-prefill-{next(self._watch_seq)}"
 

@@ -285,12 +285,16 @@ class Engine:
     async def abort_all(self) -> list[str]:
         return await self.abort(list(self._live))
 
+    def pulls_remote_kv(self, kv_transfer_params: Any) -> bool:
+        """A decode leg that this engine's KV connector will pull from a prefill instance."""
+        return is_remote_prefill(kv_transfer_params) and self.llm.vllm_config.kv_transfer_config is not None
+
     @contextlib.asynccontextmanager
     async def released_if_refused(self, caller_id: str, kv_transfer_params: Any) -> AsyncIterator[None]:
         """Around what runs before a decode leg's answer starts: refused there (a 4xx, or its
         client gone), the KV connector tells the prefill instance to free the blocks it holds for
         this request now, not when its lease runs out (as vLLM's own OpenAI routes do)."""
-        if not is_remote_prefill(kv_transfer_params) or self.llm.vllm_config.kv_transfer_config is None:
+        if not self.pulls_remote_kv(kv_transfer_params):
             yield
             return
         try:

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from decode_server.http.auth import ApiKeyMiddleware
 from decode_server.config import DEFAULT_MAX_REQUEST_BYTES
 from protocol.errors import error_body
-from protocol.generate import GenerateRequest
+from protocol.generate import REQUEST_ID_HEADER, GenerateRequest
 from protocol.clients.pd import FINGERPRINT_HEADER, AsyncPDClient, PrefillLegError, request_id_of
 
 _encoder = msgspec.json.Encoder()
@@ -104,7 +104,7 @@ class _Proxy:
         try:
             kv = await self.pd.prefill(data, rid, headers=headers)
         except PrefillLegError as e:
-            return _error(e.status, e.message, e.param, headers={"x-pd-failed-leg": "prefill", "x-request-id": rid})
+            return _error(e.status, e.message, e.param, headers={"x-pd-failed-leg": "prefill", REQUEST_ID_HEADER: rid})
         except httpx.HTTPError as e:
             return _error(502, f"prefill leg failed: {type(e).__name__}: {e}", headers={"x-pd-failed-leg": "prefill"})
         try:
