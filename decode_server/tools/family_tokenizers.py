@@ -48,6 +48,20 @@ class Family:
     chat_template: str | None = None  # None: the demo's ChatML template
     config: dict = field(default_factory=dict)  # config.json overrides
     tokenizer_config: dict = field(default_factory=dict)  # tokenizer_config.json additions
+    # (demo token, family token): a demo added token whose id the family's token takes, where the
+    # family's vocabulary has no such token and a parser would find it (Hunyuan reads its token
+    # suffix off the first structural token in the vocabulary: a bare <tool_call> would say "none").
+    renamed: tuple[tuple[str, str], ...] = ()
+
+
+# Tencent Hunyuan (Hy3, Hy4): every structural token carries the checkpoint's suffix, and the bare
+# forms are no tokens at all. Not special: vLLM's hy_v3/hy_v4 parsers read them in the text under
+# the default skip_special_tokens.
+HY = ":opensource"
+HY_RENAMED = tuple((t, t.replace(">", f"{HY}>")) for t in ("<tool_call>", "</tool_call>", "<think>", "</think>"))
+HY_ADDED = tuple((f"<{t}{HY}>", False) for t in ("tool_calls", "/tool_calls", "arg_key", "/arg_key", "arg_value", "/arg_value"))
+# MiniMax M3's namespace marker, before every structural tag of a call, and its thinking block.
+MINIMAX_M3_NS = "]<]minimax[>["
 
 
 FAMILIES: dict[str, Family] = {
@@ -89,6 +103,33 @@ FAMILIES: dict[str, Family] = {
             tuple((t, False) for t in ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>")),
         ),
         Family("minimax_m2", (("<minimax:tool_call>", False), ("</minimax:tool_call>", False))),
+        # M3's markers are non-special added tokens (vLLM's minimax_m3 parser says so).
+        Family("minimax_m3", tuple((t, False) for t in (MINIMAX_M3_NS, "<mm:think>", "</mm:think>"))),
+        # Hy3 names its suffix in tokenizer_config.json (`token_suffix`, read by vLLM's hy_v3 parsers)
+        # and writes <tool_sep> after a call's name; Hy4 has no <tool_sep>, and vLLM reads its
+        # suffix from the vocabulary.
+        Family("hy3", (*HY_ADDED, (f"<tool_sep{HY}>", False)), tokenizer_config={"token_suffix": HY}, renamed=HY_RENAMED),
+        Family("hy4", HY_ADDED, renamed=HY_RENAMED),
+        # AI21 Jamba: the call list between <tool_calls> tokens, special (vLLM's jamba parser turns
+        # skip_special_tokens off for them).
+        Family("jamba", (("<tool_calls>", True), ("</tool_calls>", True))),
+        # Liquid LFM2 / LFM2.5: pythonic calls between special sentinels (vLLM's lfm2 parser turns
+        # skip_special_tokens off for them).
+        Family("lfm2", tuple((t, True) for t in ("<|tool_call_start|>", "<|tool_call_end|>", "<|tool_list_start|>", "<|tool_list_end|>"))),
+        # K2 Horizon (IFM): a think block per reasoning effort and XML calls, all in the <ifm|...>
+        # namespace; not special (vLLM's k2_horizon parsers read them in the text as decoded).
+        Family(
+            "k2_horizon",
+            tuple(
+                (f"<{close}ifm|{t}>", False)
+                for t in ("think", "think_fast", "think_faster", "tool_calls", "tool_call", "arg_key", "arg_type", "arg_value")
+                for close in ("", "/")
+            ),
+        ),
+        # Poolside Laguna: <think> and GLM-4-style calls (the demo's <think>, <tool_call> and these,
+        # none special: vLLM's parser says so) and the <assistant> turn token, special like the
+        # family's other role tokens, that ends vLLM's backward search for </think> in the prompt.
+        Family("poolside_v1", (*((t, False) for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")), ("<assistant>", True))),
         # The demo model with a transformers `response_template` (vLLM's `hf` parser reads it): Qwen3's
         # reasoning and hermes calls described as fields instead of by a parser class.
         Family("qwen3_hf", (), tokenizer_config={"response_template": QWEN3_RESPONSE_TEMPLATE}),
@@ -130,10 +171,18 @@ def _truncated_json(base: Path) -> str:
     return json.dumps(spec, ensure_ascii=False)
 
 
-def _truncated(base: Path) -> "Tokenizer":  # noqa: F821
+def _truncated(base: Path, renamed: tuple[tuple[str, str], ...] = ()) -> "Tokenizer":  # noqa: F821
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_str(_truncated_json(Path(base).resolve()))
+    text = _truncated_json(Path(base).resolve())
+    if not renamed:
+        return Tokenizer.from_str(text)
+    spec, names = json.loads(text), dict(renamed)
+    for token in spec["added_tokens"]:
+        token["content"] = names.pop(token["content"], token["content"])
+    if names:
+        raise RuntimeError(f"not added tokens of the demo vocabulary: {sorted(names)}")
+    return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
 
 
 def build_family_model(family: str, target: Path, base: Path | None = None) -> Path:
@@ -152,7 +201,7 @@ def _write_family(spec: Family, base: Path, tmp: Path) -> None:
     from tokenizers import AddedToken
 
     shutil.copy(base / "generation_config.json", tmp / "generation_config.json")
-    tok = _truncated(base)
+    tok = _truncated(base, spec.renamed)
     first = tok.get_vocab_size()
     tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in spec.added])
     for i, (text, _) in enumerate(spec.added):

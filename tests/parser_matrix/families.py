@@ -1,5 +1,5 @@
-"""Per family: how its model writes reasoning and tool calls (from its chat template and parser),
-and the chat cases every family row runs.
+"""The family rows, and the chat cases every family row runs (how each family's model writes
+reasoning and tool calls: tests/parser_matrix/formats.py).
 
 A row is (family tokenizer, tool parser, reasoning parser, format, any further serve flags). The
 format writes the text a model of that family would emit; the scripts are that text tokenized with
@@ -8,12 +8,11 @@ the family's tokenizer.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tests import chat_cases as cc
+from tests.parser_matrix.formats import FORMATS
 
 SEARCH = {
     "type": "function",
@@ -33,149 +32,6 @@ WEATHER_ARGS = {"city": 'Zürich "Altstadt" 東京'}
 SEARCH_ARGS = {"query": "a\\b\nc ✓", "limit": 3}
 
 
-def _xml_params(args: dict[str, Any], open_: str, close: str) -> str:
-    return "".join(f"{open_.format(k=k)}{v if isinstance(v, str) else json.dumps(v)}{close}" for k, v in args.items())
-
-
-def _same(text: str) -> str:
-    return text
-
-
-@dataclass(frozen=True)
-class Format:
-    think: Callable[[str], str]  # reasoning as the model writes it (the prompt did not open it)
-    calls: Callable[[list[tuple[str, dict[str, Any]]]], str]  # one or more calls, as one block
-    content: Callable[[str], str] = _same  # the answer, where it is not plain text
-    preamble: Callable[[str], str] = lambda text: text + " "  # content written before calls
-    after_calls: Callable[[str], str] = lambda text: " " + text  # content after calls ("" if a call ends the turn)
-    calls_per_turn: int = 2
-    cut_at: int = 9  # max_tokens of call_cut_by_length: the output ends inside the call's arguments
-
-
-def _think(text: str) -> str:
-    return f"<think>\n{text}\n</think>\n\n"
-
-
-def _each(one: Callable[[str, dict[str, Any], int], str], sep: str = "", head: str = "", tail: str = "") -> Callable:
-    return lambda calls: head + sep.join(one(n, a, i) for i, (n, a) in enumerate(calls)) + tail
-
-
-def _json(args: dict[str, Any]) -> str:
-    return json.dumps(args, ensure_ascii=False)
-
-
-def _cohere_action(calls: list[tuple[str, dict[str, Any]]]) -> str:
-    # One action block holds every call of the turn, a JSON list as cohere_melody's templates write it.
-    listed = ",\n".join(
-        "    " + json.dumps({"tool_call_id": str(i), "tool_name": n, "parameters": a}, ensure_ascii=False)
-        for i, (n, a) in enumerate(calls)
-    )
-    return f"<|START_ACTION|>[\n{listed}\n]<|END_ACTION|>"
-
-
-def _cohere(answer_open: str, answer_close: str) -> Format:
-    # The turn ends after the action block (the model writes <|END_OF_TURN_TOKEN|>, its EOS, next);
-    # content before the calls is an answer block, which the family's parser reads as content.
-    answer = lambda text: f"{answer_open}{text}{answer_close}"  # noqa: E731
-    return Format(
-        lambda text: f"<|START_THINKING|>{text}<|END_THINKING|>",
-        _cohere_action,
-        content=answer,
-        preamble=answer,
-        after_calls=lambda text: "",
-        cut_at=36,  # the action's JSON spends 9 tokens before the first call's name
-    )
-
-
-FORMATS: dict[str, Format] = {
-    "hermes": Format(_think, _each(lambda n, a, i: cc.call(n, a), "\n")),
-    "qwen3_coder": Format(
-        _think,
-        _each(
-            lambda n, a, i: f"<tool_call>\n<function={n}>\n"
-            + _xml_params(a, "<parameter={k}>\n", "\n</parameter>\n")
-            + "</function>\n</tool_call>",
-            "\n",
-        ),
-    ),
-    "deepseek_v3": Format(
-        _think,
-        _each(
-            lambda n, a, i: f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{_json(a)}\n```<｜tool▁call▁end｜>",
-            "\n",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-        ),
-    ),
-    "deepseek_v31": Format(
-        _think,
-        _each(
-            lambda n, a, i: f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{_json(a)}<｜tool▁call▁end｜>",
-            "",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-        ),
-    ),
-    "kimi_k2": Format(
-        _think,
-        _each(
-            lambda n, a, i: f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_json(a)}<|tool_call_end|>",
-            "",
-            "<|tool_calls_section_begin|>",
-            "<|tool_calls_section_end|>",
-        ),
-    ),
-    "glm45": Format(
-        _think,
-        _each(
-            lambda n, a, i: f"<tool_call>{n}\n"
-            + _xml_params(a, "<arg_key>{k}</arg_key>\n<arg_value>", "</arg_value>\n")
-            + "</tool_call>",
-            "\n",
-        ),
-    ),
-    "glm47": Format(
-        _think,
-        _each(lambda n, a, i: f"<tool_call>{n}" + _xml_params(a, "<arg_key>{k}</arg_key><arg_value>", "</arg_value>") + "</tool_call>"),
-    ),
-    "llama3_json": Format(_think, _each(lambda n, a, i: json.dumps({"name": n, "parameters": a}, ensure_ascii=False), "; ", "<|python_tag|>")),
-    "seed_oss": Format(
-        lambda text: f"<seed:think>{text}</seed:think>",
-        _each(
-            lambda n, a, i: f"<seed:tool_call>\n<function={n}>\n"
-            + _xml_params(a, "<parameter={k}>", "</parameter>\n")
-            + "</function>\n</seed:tool_call>",
-            "",
-        ),
-    ),
-    "mistral": Format(
-        lambda text: f"[THINK]{text}[/THINK]",
-        _each(lambda n, a, i: f"[TOOL_CALLS]{n}[ARGS]{_json(a)}"),
-    ),
-    # gpt-oss (harmony): every message in a channel; a call ends the turn (<|call|> is a stop token).
-    "harmony": Format(
-        lambda text: f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant",
-        _each(lambda n, a, i: f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{_json(a)}<|call|>"),
-        content=lambda text: f"<|channel|>final<|message|>{text}",
-        preamble=lambda text: f"<|channel|>commentary<|message|>{text}<|end|><|start|>assistant",
-        after_calls=lambda text: "",
-        calls_per_turn=1,
-    ),
-    # cmd3 (Command A, R7B) answers in a response block, cmd4 (Command A Reasoning) in a text block.
-    "cohere_command3": _cohere("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
-    "cohere_command4": _cohere("<|START_TEXT|>", "<|END_TEXT|>"),
-    "minimax_m2": Format(
-        _think,
-        _each(
-            lambda n, a, i: f'<invoke name="{n}">\n' + _xml_params(a, '<parameter name="{k}">', "</parameter>\n") + "</invoke>\n",
-            "",
-            "<minimax:tool_call>\n",
-            "</minimax:tool_call>",
-        ),
-    ),
-}
-
-
 @dataclass(frozen=True)
 class Row:
     family: str  # decode_server/tools/family_tokenizers.py FAMILIES key
@@ -185,10 +41,15 @@ class Row:
     # False where the reasoning parser has no off switch (deepseek_r1: the prompt always opens
     # <think>, so vLLM reads everything before </think> as reasoning, whatever chat_template_kwargs say).
     thinking_switch: bool = True
+    # The chat_template_kwargs that switch thinking off, as the family's template reads them.
+    thinking_off: tuple[tuple[str, Any], ...] = (("enable_thinking", False),)
     # (case, what vLLM's render answers): cases the render server refuses with a 400, so no
     # decode server sees them; the refusal is asserted instead of the parity.
     refused_at_render: tuple[tuple[str, str], ...] = ()
     serve_flags: tuple[str, ...] = ()  # further flags both servers get (how the family is served)
+    # Why vLLM's stream, misrouted by the stop string (STOP_STRINGS), streams no call at all in
+    # stop_string_inside_markup and so finishes with `stop`, where ours streamed the call.
+    stop_string_loses_call: str | None = None
 
     @property
     def id(self) -> str:
@@ -204,6 +65,8 @@ def flags(tool_parser: str | None, reasoning_parser: str | None) -> list[str]:
     out = ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser] if tool_parser else []
     return out + (["--reasoning-parser", reasoning_parser] if reasoning_parser else [])
 
+
+NO_THINK = (("reasoning_effort", "no_think"),)
 
 ROWS = [
     Row("qwen3", "hermes", "qwen3", "hermes"),
@@ -238,6 +101,27 @@ ROWS = [
             for kind in ("required", "named")
         ),
     ),
+    # Hunyuan's templates switch thinking with reasoning_effort: Hy3's is off unless asked (so served
+    # with a default, as its model card says to send one), Hy4's is on.
+    Row(
+        "hy3",
+        "hy_v3",
+        "hy_v3",
+        "hy_v3",
+        thinking_off=NO_THINK,
+        serve_flags=("--default-chat-template-kwargs", '{"reasoning_effort": "high"}'),
+        stop_string_loses_call=(
+            "vLLM's streaming hy_v3 parser opens a call only when `<tool_calls:opensource>` is whole in one "
+            "delta's text; with the text held back behind the token ids it never is, and the call is lost"
+        ),
+    ),
+    Row("hy4", "hy_v4", "hy_v4", "hy_v4", thinking_off=NO_THINK),
+    Row("jamba", "jamba", None, "jamba"),
+    Row("lfm2", "lfm2", None, "lfm2"),
+    Row("k2_horizon", "k2_horizon", "k2_horizon", "k2_horizon"),
+    Row("minimax_m3", "minimax_m3", "minimax_m3", "minimax_m3"),
+    # Laguna's calls are GLM-4.5's; its reasoning parser is deepseek_v3's (thinking when asked).
+    Row("poolside_v1", "poolside_v1", "poolside_v1", "glm45", serve_flags=("--default-chat-template-kwargs", '{"enable_thinking": true}')),
     # vLLM picks HarmonyParser for a gpt_oss model whatever the flags; these are the flags it documents.
     Row("gpt_oss", "openai", "openai_gptoss", "harmony", thinking_switch=False),
 ]
@@ -256,6 +140,9 @@ class Case:
     # Why our stream deliberately differs from vLLM's (a link into docs/vllm-differences.md);
     # then the batch answers match and our folded stream equals our batch answer.
     differs: str | None = None
+    # With `differs`: why vLLM's stream lost the call there (then its finish_reason is `stop`, ours
+    # `tool_calls`, and that is asserted instead of equal finish_reasons).
+    lost_call: str | None = None
 
 
 MULTI_TOKEN_CASES = ("reasoning_then_content", "reasoning_then_two_calls", "call_cut_by_length")
@@ -275,15 +162,11 @@ def cases(row: Row) -> list[Case]:
             Case("reasoning_then_two_calls", think + both, tools, tuple(n for n, _ in several)),
             Case("content_around_calls", f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
             Case("call_cut_by_length", one, {**tools, "max_tokens": f.cut_at}),
-            Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS),
+            Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS, lost_call=row.stop_string_loses_call),
             Case("tool_choice_required", one, {**tools, "tool_choice": "required"}),
             Case("tool_choice_named", one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
             Case("tool_choice_none", f.content("No tools needed."), {**tools, "tool_choice": "none"}),
         ]
         if row.thinking_switch:
-            out.append(Case("thinking_off_then_call", one, {**tools, **cc_no_thinking()}, ("get_weather",)))
+            out.append(Case("thinking_off_then_call", one, {**tools, "chat_template_kwargs": dict(row.thinking_off)}, ("get_weather",)))
     return out
-
-
-def cc_no_thinking() -> dict[str, Any]:
-    return {"chat_template_kwargs": {"enable_thinking": False}}
