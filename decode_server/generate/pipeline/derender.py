@@ -145,7 +145,7 @@ async def _vllm_assembles(plan: DerenderPlan, step: Step, c: ChoiceStep) -> None
     does, no per-token metadata when the reasoning is hidden."""
     output = next(o for o in step.output.outputs if o.index == c.index)
     [(message, finish)] = await plan.derenderer.vllm.derender_text_choices(
-        [output], _with_default_template_kwargs(plan), plan.history_tool_call_cnt, step.output.prompt_token_ids
+        [output], plan.request_under_server_defaults(), plan.history_tool_call_cnt, step.output.prompt_token_ids
     )
     calls = [ToolCall(id=tc.id, function=FunctionCall(name=tc.function.name, arguments=tc.function.arguments), type=tc.type)
              for tc in message.tool_calls]
@@ -153,16 +153,6 @@ async def _vllm_assembles(plan: DerenderPlan, step: Step, c: ChoiceStep) -> None
     c.finish_reason = finish
     if plan.hides_reasoning:
         c.withhold_metadata()
-
-
-def _with_default_template_kwargs(plan: DerenderPlan) -> Any:
-    """The request with --default-chat-template-kwargs under its own chat_template_kwargs, as
-    coupled chat builds its parser (0.33's derender_text_choices reads the request's alone)."""
-    defaults = plan.derenderer.config.default_chat_template_kwargs
-    if plan.request is None or not defaults:
-        return plan.request
-    kwargs = {**defaults, **(plan.request.chat_template_kwargs or {})}
-    return plan.request.model_copy(update={"chat_template_kwargs": kwargs})
 
 
 async def _plain_stream(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:

@@ -165,6 +165,14 @@ class DerenderPlan:
     def named_tool_choice(self) -> bool:
         return self.request is not None and type(self.request.tool_choice) is ChatCompletionNamedToolChoiceParam
 
+    def request_under_server_defaults(self) -> ChatCompletionRequest | None:
+        """The request with --default-chat-template-kwargs under its own chat_template_kwargs, as
+        coupled chat builds its parser (0.33's batch derender reads the request's alone)."""
+        defaults = self.derenderer.config.default_chat_template_kwargs
+        if self.request is None or not defaults:
+            return self.request
+        return self.request.model_copy(update={"chat_template_kwargs": _under_defaults(self.request, defaults)})
+
     def new_parser(self) -> Any:
         d = self.derenderer
         req = self.request
@@ -179,9 +187,13 @@ class DerenderPlan:
         return parser
 
 
-def _effective_template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+def _under_defaults(req: ChatCompletionRequest, defaults: dict[str, Any]) -> dict[str, Any]:
     # --default-chat-template-kwargs sit under the request's own, as vLLM renders them.
-    kwargs = {**defaults, **(req.chat_template_kwargs or {})}
+    return {**defaults, **(req.chat_template_kwargs or {})}
+
+
+def _effective_template_kwargs(req: ChatCompletionRequest, defaults: dict[str, Any]) -> dict[str, Any]:
+    kwargs = _under_defaults(req, defaults)
     effort = getattr(req, "reasoning_effort", None)
     if effort is not None and "enable_thinking" not in kwargs:
         kwargs["enable_thinking"] = effort != "none"
