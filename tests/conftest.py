@@ -24,21 +24,42 @@ collect_ignore = [] if VLLM_LINE == "0.33" else ["vllm033"]
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "ends_prod_server: ends the shared prod_server (runs after every other test)")
+    config.addinivalue_line("markers", "ends_prod_server: ends the shared prod_server (runs after its other users)")
+
+
+def _uses(item: pytest.Item, *fixtures: str) -> bool:
+    return bool(set(getattr(item, "fixturenames", ())) & set(fixtures))
 
 
 def pytest_collection_modifyitems(items):
-    """In-process tests first, while the shared engines start (`_engines_start_early`), then
-    the real-engine ones, then what ends the prod server. Otherwise in collection order."""
+    """In-process tests first, while the shared engines start (`_engines_start_early`); then the
+    real-engine tests on the shared engines, each shared engine stopped after its last user (the
+    prod server's first: the tests that end it come right after its other users); then the modules
+    with engines of their own (`ENGINES`, or the P/D set), which start while the shared engines'
+    tests run, into the memory those leave. Otherwise in collection order."""
+    by_module: dict = {}
+    for item in items:
+        by_module.setdefault(getattr(item, "module", None), []).append(item)
+
+    def module_phase(module: object) -> int:
+        mine = by_module[module]
+        if hasattr(module, "ENGINES") and getattr(module, "NOTHING_STARTS_BESIDE", False):
+            return 5  # the modules with engines after it start theirs at their own beginning
+        if hasattr(module, "ENGINES") or any(_uses(item, "pd_set") for item in mine):
+            return 4 if hasattr(module, "ENGINES") else 6
+        return 1 if any(_uses(item, "prod_server") for item in mine) else 3
 
     def phase(item: pytest.Item) -> int:
-        if item.get_closest_marker("ends_prod_server"):
-            return 2
+        module = getattr(item, "module", None)
         # A module whose work starts at collection (`start_beside_the_suite`) waits for it as late
         # as possible, so that it runs beside as much of the suite as it can.
-        if item.get_closest_marker("real_engine") or hasattr(getattr(item, "module", None), "start_beside_the_suite"):
-            return 1
-        return 0
+        if hasattr(module, "start_beside_the_suite"):
+            return 7
+        if not item.get_closest_marker("real_engine"):
+            return 0
+        if item.get_closest_marker("ends_prod_server"):
+            return 2
+        return module_phase(module)
 
     items.sort(key=phase)  # stable
 
@@ -87,9 +108,6 @@ SHARED = ("server", "vllm_server", "prod_server")
 _POOL = pytest.StashKey["servers.SharedServers"]()
 
 
-_ORDER = pytest.StashKey[list]()
-
-
 def _module_order(session: pytest.Session) -> list:
     """The session's modules in the order they run."""
     modules: list = []
@@ -129,28 +147,67 @@ def shared_servers(demo_model, log_dir, lora_adapters, request):
 
 @pytest.fixture(scope="session", autouse=True)
 def _engines_start_early(request):
-    """The shared engines the session uses, and the first module's own, start when the session
-    does, beside the in-process tests that run first; a session that uses none builds nothing."""
+    """The shared engines the session uses start when the session does, beside the in-process
+    tests that run first; modules' own engines at their launch points; a session that uses none
+    builds nothing."""
     shared = _fixtures_used(request.session) & set(SHARED)
-    modules = _engine_modules(request.session)
-    if shared or modules:
+    if shared or _engine_modules(request.session):
         pool = request.getfixturevalue("shared_servers")
         pool.launch(shared)
-        if modules:
-            pool.launch(modules[0].ENGINES)
+
+
+_LAUNCHES = pytest.StashKey[dict]()
+_LAST_USERS = pytest.StashKey[dict]()
+
+
+def _launch_points(session: pytest.Session) -> dict:
+    """Module -> the engines to launch when it begins. A module's own engines start when the module
+    before it in the run begins, so that their start-up overlaps that module's tests; the first
+    such module's when the tests on the shared engines other than the prod server begin (the prod
+    server is stopped by then: the memory of three engines for their start-up, not beside them)."""
+    order = _module_order(session)
+    engine_modules = _engine_modules(session)
+    points: dict = {}
+    for module in engine_modules:
+        at = order.index(module)
+        trigger = order[at - 1] if at else module
+        if module is engine_modules[0]:
+            on_shared = [m for m in order[:at] if any(item.module is m and _uses(item, "server", "vllm_server") for item in session.items)]
+            trigger = on_shared[0] if on_shared else trigger
+        points.setdefault(trigger, {}).update(module.ENGINES)
+    return points
+
+
+def _last_users(session: pytest.Session) -> dict:
+    """Test nodeid -> the shared engines that no test after it uses."""
+    last: dict = {}
+    for item in session.items:
+        for name in SHARED:
+            if _uses(item, name):
+                last[name] = item.nodeid
+    users: dict = {}
+    for name, nodeid in last.items():
+        users.setdefault(nodeid, []).append(name)
+    return users
 
 
 def pytest_runtest_setup(item):
-    """A module's own engines start when the module before it in the run begins, so that their
-    start-up overlaps that module's tests (today: test_derender's before test_faults', none
-    beside a module with timed checks); the first such module's start with the session."""
     pool = item.config.stash.get(_POOL, None)
     if pool is None:
         return
-    order = item.config.stash.setdefault(_ORDER, _module_order(item.session))
-    module = getattr(item, "module", None)
-    if module in order and order.index(module) + 1 < len(order):
-        pool.launch(getattr(order[order.index(module) + 1], "ENGINES", {}))
+    points = item.config.stash.setdefault(_LAUNCHES, _launch_points(item.session))
+    pool.launch(points.get(getattr(item, "module", None), {}))
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A shared engine is stopped once its last user has run (in the background: its memory goes
+    to the engines that start next)."""
+    pool = item.config.stash.get(_POOL, None)
+    if pool is None:
+        return
+    users = item.config.stash.setdefault(_LAST_USERS, _last_users(item.session))
+    if item.nodeid in users:
+        pool.stop_in_background(users[item.nodeid])
 
 
 @pytest.fixture(scope="session")

@@ -87,7 +87,7 @@ def scripted_process(
     argv = [sys.executable, "-m", "tests.scripted_server"]
     for flag, held in ((HOLD, hold), (HOLD_UNTIL_DRAIN, hold_until_drain)):
         argv += [part for request_id, tokens in (held or {}).items() for part in (flag, f"{request_id}:{tokens}")]
-    return servers.Server(name, [*argv, str(model_dir), *flags], log_dir)
+    return servers.Server(name, [*argv, str(model_dir), *flags], log_dir, engine=False)
 
 
 if __name__ == "__main__":

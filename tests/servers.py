@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import httpx
+import psutil
 
 REPLAY = "decode_server.tools.replay:ReplayLogitsProcessor"
 MODEL_NAME = "demo"
@@ -65,9 +66,27 @@ def free_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
+# What a server's processes hold once it is up (RSS, measured here): an API process with its engine
+# core and worker 2.9 GB, each further API process (--api-server-count) 1.1 GB. A start waits until
+# the memory free now, less what the servers still starting will yet take, holds its own and some
+# headroom (the test process, the vLLM 0.33 tier): on 24 GiB, engines started all at once beside
+# them ran the machine out of memory, and the kernel's reclaim stalled everything for minutes.
+ENGINE_GB = 3.0
+API_PROCESS_GB = 1.1
+HEADROOM_GB = 3.0
+MEMORY_WAIT_S = 300  # then it starts anyway (and a start that fails says why)
+_starting: list[Server] = []
+_memory_lock = threading.Lock()
+
+
+def _available_gb() -> float:
+    return psutil.virtual_memory().available / 2**30
+
+
 class Server:
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None, engine: bool = True):
         self.name = name
+        self.engine = engine  # False: a process without a vLLM engine (a scripted server, a proxy)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [*argv, "--port", str(self.port)]
@@ -80,8 +99,42 @@ class Server:
         self.port_env: tuple[str, ...] = ()
         self.proc: subprocess.Popen | None = None
 
+    @property
+    def footprint_gb(self) -> float:
+        if not self.engine:
+            return 0.5
+        count = self.argv[self.argv.index("--api-server-count") + 1] if "--api-server-count" in self.argv else "1"
+        return ENGINE_GB + API_PROCESS_GB * (int(count) - 1)
+
+    def _rss_gb(self) -> float:
+        if self.proc is None:
+            return 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**30
+        except psutil.Error:
+            return 0.0
+
+    def _wait_for_memory(self) -> None:
+        deadline = time.monotonic() + MEMORY_WAIT_S
+        while True:
+            with _memory_lock:
+                to_come = sum(max(0.0, s.footprint_gb - s._rss_gb()) for s in _starting)
+                if _available_gb() - to_come >= self.footprint_gb + HEADROOM_GB or time.monotonic() > deadline:
+                    _starting.append(self)
+                    return
+            time.sleep(1)
+
     def start(self, timeout_s: float = 420, attempts: int = 3) -> Server:
         """Started and healthy; on fresh ports again when one it was given was taken meanwhile."""
+        self._wait_for_memory()
+        try:
+            return self._start(timeout_s, attempts)
+        finally:
+            with _memory_lock:
+                _starting.remove(self)
+
+    def _start(self, timeout_s: float, attempts: int) -> Server:
         for attempt in range(attempts):
             try:
                 return self._start_once(timeout_s, "wb" if attempt == 0 else "ab")
@@ -152,6 +205,7 @@ class SharedServers:
         self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="server-start")
         self._servers: dict[str, Server] = {}
         self._starts: dict[str, concurrent.futures.Future] = {}
+        self._stopping: dict[str, concurrent.futures.Future] = {}
 
     def launch(self, names: Iterable[str]) -> None:
         for name in sorted(names):
@@ -167,10 +221,19 @@ class SharedServers:
         self.launch([name])
         return self._starts[name].result()
 
+    def stop_in_background(self, names: Iterable[str]) -> None:
+        """These stopped beside the tests that follow (`stop` at the session's end waits for them)."""
+        for name in names:
+            if name in self._starts and name not in self._stopping:
+                self._stopping[name] = self._pool.submit(self._stop, name)
+
     def stop(self, names: Iterable[str] | None = None) -> None:
         """These (default: all) stopped at once (each waits seconds for its engine processes to
         exit), a start still under way first waited for."""
         chosen = [name for name in (list(self._starts) if names is None else names) if name in self._starts]
+        for name in chosen:
+            if name in self._stopping:
+                self._stopping[name].result()
         with concurrent.futures.ThreadPoolExecutor(max(len(chosen), 1), thread_name_prefix="server-stop") as stopping:
             for stopped in [stopping.submit(self._stop, name) for name in chosen]:
                 stopped.result()

@@ -72,6 +72,7 @@ def pd_pair(pd_set, log_dir):
         "pd-proxy",
         [sys.executable, "-m", "decode_server.tools.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
         log_dir,
+        engine=False,
     ).start(timeout_s=60)
     try:
         yield Pair(prefill, decode, proxy)

@@ -12,6 +12,7 @@ per model configuration: the renderer's tokenizer pool is the slow part (seconds
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
@@ -35,7 +36,11 @@ class EngineSetup:
 
 
 _setups: list[EngineSetup] = []
-_renderers: list[Any] = []
+_renderers: list[Any] = []  # most recently used last
+# A renderer holds its tokenizer and a pool of deep copies (~200 MB for the demo vocabulary), and
+# the parser matrix builds servers on some thirty model directories: an unbounded cache kept every
+# one (6 GB in one process, beside the suite's real engines). The matrix visits one model at a time.
+KEPT_RENDERERS = 3
 
 
 def _renderer(vllm_config: VllmConfig) -> Any:
@@ -46,10 +51,36 @@ def _renderer(vllm_config: VllmConfig) -> Any:
     if not model_config.supports_multimodal_inputs:
         for renderer in _renderers:
             if renderer.model_config == model_config:
+                _renderers.remove(renderer)
+                _renderers.append(renderer)
                 return renderer
     renderer = renderer_from_config(vllm_config)
     _renderers.append(renderer)
+    if len(_renderers) > KEPT_RENDERERS:
+        _forget(_renderers.pop(0))
     return renderer
+
+
+# vLLM's per-process memos that hold a tokenizer (or a bound method of one) by model directory
+# or by tokenizer; pure memos, rebuilt on the next call. (module, attribute); absent ones skipped.
+_TOKENIZER_MEMOS = (
+    ("vllm.tokenizers.registry", "cached_get_tokenizer"),
+    ("vllm.transformers_utils.processor", "cached_get_processor"),
+    ("vllm.utils.func_utils", "_supports_kw"),
+    ("vllm.renderers.hf", "_detect_content_format"),
+    ("vllm.renderers.hf", "_cached_resolve_chat_template_kwargs"),
+    ("vllm.renderers.hf", "_get_hf_base_chat_template_params"),
+)
+
+
+def _forget(renderer: Any) -> None:
+    """Drop the cache's hold on `renderer`, and vLLM's memos' on its tokenizers. An AsyncLLM still
+    built on it keeps it (vLLM closes its resources when it is collected)."""
+    _setups[:] = [setup for setup in _setups if setup.renderer is not renderer]
+    for module, name in _TOKENIZER_MEMOS:
+        memo = getattr(sys.modules.get(module), name, None)
+        if hasattr(memo, "cache_clear"):
+            memo.cache_clear()
 
 
 def engine_setup(engine_args: AsyncEngineArgs) -> EngineSetup:
