@@ -31,6 +31,13 @@ def _uses(item: pytest.Item, *fixtures: str) -> bool:
     return bool(set(getattr(item, "fixturenames", ())) & set(fixtures))
 
 
+# The modules with engines of their own, in the order they run. The first one's engines start
+# early (see `_launch_points`) and it has timed checks, so nothing starts beside it: the next one's
+# three engines start at its own beginning (a wait with both cores busy), and test_faults' one while
+# that module runs (test_faults has timed checks too: the P/D set starts at test_pd's beginning).
+OWN_ENGINES_ORDER = ("test_api_server_count", "test_parser_matrix_real", "test_faults", "test_pd", "test_pd_faults")
+
+
 def pytest_collection_modifyitems(items):
     """In-process tests first, while the shared engines start (`_engines_start_early`); then the
     real-engine tests on the shared engines, each shared engine stopped after its last user (the
@@ -41,24 +48,23 @@ def pytest_collection_modifyitems(items):
     for item in items:
         by_module.setdefault(getattr(item, "module", None), []).append(item)
 
-    def module_phase(module: object) -> int:
+    def module_phase(module: object) -> tuple[int, int]:
         mine = by_module[module]
-        if hasattr(module, "ENGINES") and getattr(module, "NOTHING_STARTS_BESIDE", False):
-            return 5  # the modules with engines after it start theirs at their own beginning
         if hasattr(module, "ENGINES") or any(_uses(item, "pd_set") for item in mine):
-            return 4 if hasattr(module, "ENGINES") else 6
-        return 1 if any(_uses(item, "prod_server") for item in mine) else 3
+            name = getattr(module, "__name__", "").rpartition(".")[2]
+            return 4, OWN_ENGINES_ORDER.index(name) if name in OWN_ENGINES_ORDER else len(OWN_ENGINES_ORDER)
+        return (1 if any(_uses(item, "prod_server") for item in mine) else 3), 0
 
     def phase(item: pytest.Item) -> int:
         module = getattr(item, "module", None)
         # A module whose work starts at collection (`start_beside_the_suite`) waits for it as late
         # as possible, so that it runs beside as much of the suite as it can.
         if hasattr(module, "start_beside_the_suite"):
-            return 7
+            return 7, 0
         if not item.get_closest_marker("real_engine"):
-            return 0
+            return 0, 0
         if item.get_closest_marker("ends_prod_server"):
-            return 2
+            return 2, 0
         return module_phase(module)
 
     items.sort(key=phase)  # stable
@@ -77,6 +83,7 @@ def pytest_collection_finish(session):
         start = getattr(module, "start_beside_the_suite", None)
         if start is not None:
             start(items)
+    session.config.stash[_TIER_SELECTED] = vllm033_tier.running()
 
 
 def pytest_sessionfinish(session):
@@ -157,25 +164,34 @@ def _engines_start_early(request):
 
 
 _LAUNCHES = pytest.StashKey[dict]()
+_TIER_SELECTED = pytest.StashKey[bool]()
+_FIRST = pytest.StashKey[list]()
 _LAST_USERS = pytest.StashKey[dict]()
 
 
 def _launch_points(session: pytest.Session) -> dict:
     """Module -> the engines to launch when it begins. A module's own engines start when the module
-    before it in the run begins, so that their start-up overlaps that module's tests; the first
-    such module's when the tests on the shared engines other than the prod server begin (the prod
-    server is stopped by then: the memory of three engines for their start-up, not beside them)."""
+    before it in the run begins, so that their start-up overlaps that module's tests, unless that
+    one has timed checks (`NOTHING_STARTS_BESIDE`): then when it begins itself. The first such
+    module's are `_first_engines`."""
     order = _module_order(session)
-    engine_modules = _engine_modules(session)
     points: dict = {}
-    for module in engine_modules:
+    for module in _engine_modules(session)[1:]:
         at = order.index(module)
-        trigger = order[at - 1] if at else module
-        if module is engine_modules[0]:
-            on_shared = [m for m in order[:at] if any(item.module is m and _uses(item, "server", "vllm_server") for item in session.items)]
-            trigger = on_shared[0] if on_shared else trigger
+        before = order[at - 1] if at else module
+        trigger = module if getattr(before, "NOTHING_STARTS_BESIDE", False) else before
         points.setdefault(trigger, {}).update(module.ENGINES)
     return points
+
+
+def _first_engines_due(item: pytest.Item) -> bool:
+    """The first module's own engines start once the vLLM 0.33 tier's process is done: from then on
+    the in-process tests use one core and the engines start on the other (a measured idle stretch
+    of minutes), in the memory the tier leaves. Without that tier, when the first test on the shared
+    engines begins; at the latest, when a test with engines of its own does."""
+    if item.get_closest_marker("real_engine"):
+        return _uses(item, "server", "vllm_server") or hasattr(getattr(item, "module", None), "ENGINES")
+    return item.config.stash.get(_TIER_SELECTED, False) and not vllm033_tier.running()
 
 
 def _last_users(session: pytest.Session) -> dict:
@@ -197,6 +213,9 @@ def pytest_runtest_setup(item):
         return
     points = item.config.stash.setdefault(_LAUNCHES, _launch_points(item.session))
     pool.launch(points.get(getattr(item, "module", None), {}))
+    first = item.config.stash.setdefault(_FIRST, _engine_modules(item.session)[:1])
+    if first and _first_engines_due(item):
+        pool.launch(first[0].ENGINES)
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -60,8 +60,7 @@ def _faults_server(model: Path, logs: Path) -> servers.Server:
 
 
 ENGINES = {"faults": _faults_server}  # conftest starts it while the module before this one runs
-# Timed checks (head and send timeouts, memory bounds): conftest runs this module after the other
-# modules with engines of their own, so that no engine starts beside it.
+# Timed checks (head and send timeouts, memory bounds): conftest starts no engine beside this module.
 NOTHING_STARTS_BESIDE = True
 
 

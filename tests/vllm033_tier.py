@@ -30,6 +30,9 @@ class Tier:
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="vllm033-tier", daemon=True).start()
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def failure(self) -> str:
         """Waits for the tier: why it failed, or "" when it passed."""
         if not self._done.wait(TIMEOUT_S + 600):
@@ -92,6 +95,11 @@ def start() -> Tier:
     if _tier is None:
         _tier = Tier()
     return _tier
+
+
+def running() -> bool:
+    """Whether the tier was started this session and has not finished."""
+    return _tier is not None and not _tier.done()
 
 
 def stop() -> None:

@@ -57,16 +57,21 @@ class Lifecycle:
             task.cancel()
 
     def begin_drain(self) -> bool:
-        """From the signal handler: flip readiness now, run the drain on the loop. False when
+        """From the signal handler: flip readiness now, hand the rest to the loop. False when
         there is nothing to drain yet (no engine attached: the signal came during start-up)."""
         if self._loop is None:
             return False
-        if self.draining:
-            return True
-        self.draining = True
-        log.info("draining: new requests get 503; in-flight requests have %.0fs", self.shutdown_timeout_s)
-        self._loop.call_soon_threadsafe(self._spawn, self._drain())
+        if not self.draining:
+            self.draining = True
+            # Nothing more here: a Python signal handler runs on the main thread between any two
+            # bytecodes of whatever it interrupted (a log write, a task step); the log line and
+            # the drain task are the loop's, run by this callback.
+            self._loop.call_soon_threadsafe(self._start_drain)
         return True
+
+    def _start_drain(self) -> None:
+        log.info("draining: new requests get 503; in-flight requests have %.0fs", self.shutdown_timeout_s)
+        self._spawn(self._drain())
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
