@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(items):
         # A module whose work starts at collection (`start_beside_the_suite`) waits for it as late
         # as possible, so that it runs beside as much of the suite as it can.
         if hasattr(module, "start_beside_the_suite"):
-            return 7, 0
+            return 5, 0
         if not item.get_closest_marker("real_engine"):
             return 0, 0
         if item.get_closest_marker("ends_prod_server"):
@@ -84,6 +84,10 @@ def pytest_collection_finish(session):
         if start is not None:
             start(items)
     session.config.stash[_TIER_SELECTED] = vllm033_tier.running()
+    # Where engines start and stop, worked out once for the run's order (the hooks below ask per test).
+    session.config.stash[_LAUNCHES] = _launch_points(session)
+    session.config.stash[_FIRST] = _engine_modules(session)[:1]
+    session.config.stash[_LAST_USERS] = _last_users(session)
 
 
 def pytest_sessionfinish(session):
@@ -173,7 +177,7 @@ def _launch_points(session: pytest.Session) -> dict:
     """Module -> the engines to launch when it begins. A module's own engines start when the module
     before it in the run begins, so that their start-up overlaps that module's tests, unless that
     one has timed checks (`NOTHING_STARTS_BESIDE`): then when it begins itself. The first such
-    module's are `_first_engines`."""
+    module's start at `_first_engines_due`."""
     order = _module_order(session)
     points: dict = {}
     for module in _engine_modules(session)[1:]:
@@ -211,9 +215,8 @@ def pytest_runtest_setup(item):
     pool = item.config.stash.get(_POOL, None)
     if pool is None:
         return
-    points = item.config.stash.setdefault(_LAUNCHES, _launch_points(item.session))
-    pool.launch(points.get(getattr(item, "module", None), {}))
-    first = item.config.stash.setdefault(_FIRST, _engine_modules(item.session)[:1])
+    pool.launch(item.config.stash[_LAUNCHES].get(getattr(item, "module", None), {}))
+    first = item.config.stash[_FIRST]
     if first and _first_engines_due(item):
         pool.launch(first[0].ENGINES)
 
@@ -224,7 +227,7 @@ def pytest_runtest_teardown(item, nextitem):
     pool = item.config.stash.get(_POOL, None)
     if pool is None:
         return
-    users = item.config.stash.setdefault(_LAST_USERS, _last_users(item.session))
+    users = item.config.stash[_LAST_USERS]
     if item.nodeid in users:
         pool.stop_in_background(users[item.nodeid])
 
