@@ -16,7 +16,7 @@ import pytest
 from decode_server.compat import VLLM_LINE
 from decode_server.tools.demo_model import build_demo_model
 from tests import prod_server as prod
-from tests import servers, vllm033_tier
+from tests import beside, servers, vllm033_tier
 
 # tests/vllm033 is its own session on vLLM 0.33's modules: tests/test_vllm033.py starts it (and fails
 # with its output), so the suite on 0.32 runs it through that one test, not by collecting it.
@@ -36,14 +36,37 @@ def _uses(item: pytest.Item, *fixtures: str) -> bool:
 # three engines start at its own beginning (a wait with both cores busy), and test_faults' one while
 # that module runs (test_faults has timed checks too: the P/D set starts at test_pd's beginning).
 OWN_ENGINES_ORDER = ("test_api_server_count", "test_parser_matrix_real", "test_faults", "test_pd", "test_pd_faults")
+# The modules whose work starts at collection (`start_beside_the_suite`), in the order they start:
+# the sessions beside the suite run one at a time in that order (tests/beside.py), and the first
+# own-engine module's engines start when the 0.33 tier is done (`_first_engines_due`).
+BESIDE_ORDER = ("test_vllm033", "test_parser_matrix_beside", "test_images_resolve")
 
 
-def pytest_collection_modifyitems(items):
-    """In-process tests first, while the shared engines start (`_engines_start_early`); then the
+def _order_in(order: tuple[str, ...], module: object) -> int:
+    name = getattr(module, "__name__", "").rpartition(".")[2]
+    return order.index(name) if name in order else len(order)
+
+
+def _move_beside(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module that stands for another one run beside the suite (`MOVES_BESIDE`: that one's path),
+    selected with that one's tests, takes them out of the main session into its own
+    (tests/beside.py)."""
+    targets = {getattr(getattr(item, "module", None), "MOVES_BESIDE", None) for item in items} - {None}
+    moved = {target: [item for item in items if item.nodeid.split("::")[0] == target] for target in targets}
+    gone = {item for chosen in moved.values() for item in chosen}
+    if gone:
+        config.hook.pytest_deselected(items=list(gone))
+        items[:] = [item for item in items if item not in gone]
+    config.stash[beside.MOVED] = {target: [item.nodeid for item in chosen] for target, chosen in moved.items() if chosen}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules run beside the suite moved out of it (`_move_beside`); in-process tests first, while the shared engines start (`_engines_start_early`); then the
     real-engine tests on the shared engines, each shared engine stopped after its last user (the
     prod server's first: the tests that end it come right after its other users); then the modules
     with engines of their own (`ENGINES`, or the P/D set), which start while the shared engines'
     tests run, into the memory those leave. Otherwise in collection order."""
+    _move_beside(config, items)
     by_module: dict = {}
     for item in items:
         by_module.setdefault(getattr(item, "module", None), []).append(item)
@@ -51,8 +74,7 @@ def pytest_collection_modifyitems(items):
     def module_phase(module: object) -> tuple[int, int]:
         mine = by_module[module]
         if hasattr(module, "ENGINES") or any(_uses(item, "pd_set") for item in mine):
-            name = getattr(module, "__name__", "").rpartition(".")[2]
-            return 4, OWN_ENGINES_ORDER.index(name) if name in OWN_ENGINES_ORDER else len(OWN_ENGINES_ORDER)
+            return 4, _order_in(OWN_ENGINES_ORDER, module)
         return (1 if any(_uses(item, "prod_server") for item in mine) else 3), 0
 
     def phase(item: pytest.Item) -> int:
@@ -60,7 +82,7 @@ def pytest_collection_modifyitems(items):
         # A module whose work starts at collection (`start_beside_the_suite`) waits for it as late
         # as possible, so that it runs beside as much of the suite as it can.
         if hasattr(module, "start_beside_the_suite"):
-            return 5, 0
+            return 5, _order_in(BESIDE_ORDER, module)
         if not item.get_closest_marker("real_engine"):
             return 0, 0
         if item.get_closest_marker("ends_prod_server"):
@@ -91,7 +113,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session):
-    vllm033_tier.stop()  # a session ended before the tier's test (-x, Ctrl+C)
+    beside.stop_all()  # a session ended before their tests (-x, Ctrl+C)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ The derender rules, the parser fingerprint, a server without parsers and multi-t
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,23 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def batch_answers(server, vllm_server, tokenizer) -> dict[str, tuple[concurrent.futures.Future, concurrent.futures.Future]]:
+    """Case name -> our batch answer and coupled chat's, every case's requests sent at once: a
+    batch answer is the same whatever else the engine runs (replayed tokens), and the engines step
+    the cases together (one after another, they took about 30 s of a suite run). The streams are
+    read one at a time in each test: a reader that keeps up is what lets their splits be compared."""
+    scripts = {case.name: cc.script_for(tokenizer, case.text) for case in CASES}
+    with concurrent.futures.ThreadPoolExecutor(2 * len(CASES)) as pool:
+        return {
+            case.name: (
+                pool.submit(_ours_batch, server, vllm_server, case, scripts[case.name]),
+                pool.submit(cc.coupled_chat, vllm_server.url, cc.chat_body(**case.chat), scripts[case.name], stream=False),
+            )
+            for case in CASES
+        }
+
+
 def _ours_batch(server, vllm_server, case: Case, script: list[int]) -> dict[str, Any]:
     chat = cc.chat_body(**case.chat)
     r = post(server.url, cc.derender_request(vllm_server.url, chat, script))
@@ -127,12 +145,11 @@ def _check_ids(message: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, case: Case):
+def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, batch_answers, case: Case):
     script = cc.script_for(tokenizer, case.text)
     chat = cc.chat_body(**case.chat)
 
-    ours_batch = _ours_batch(server, vllm_server, case, script)
-    theirs_batch = cc.coupled_chat(vllm_server.url, chat, script, stream=False)
+    ours_batch, theirs_batch = (answer.result() for answer in batch_answers[case.name])  # raises what its request raised
     ours_choice, theirs_choice = ours_batch["choices"][0], theirs_batch["choices"][0]
     ChatMessage.model_validate(ours_choice["message"])  # vLLM's own model accepts our message
     assert ours_batch["output_mode"] == "derender"

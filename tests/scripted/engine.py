@@ -83,11 +83,21 @@ def _forget(renderer: Any) -> None:
             memo.cache_clear()
 
 
+def _make_room_for(engine_args: AsyncEngineArgs) -> None:
+    """A full cache forgets its least recently used renderer before a new model's config is built,
+    not after: building it loads the new tokenizer into vLLM's memos, which forgetting clears (each
+    family's tokenizer was loaded twice, once more by its second server)."""
+    tokenizer = str(engine_args.tokenizer or engine_args.model)
+    if len(_renderers) >= KEPT_RENDERERS and not any(str(r.model_config.tokenizer) == tokenizer for r in _renderers):
+        _forget(_renderers.pop(0))
+
+
 def engine_setup(engine_args: AsyncEngineArgs) -> EngineSetup:
     """The config and renderer for these engine args, built once per process."""
     for setup in _setups:
         if setup.engine_args == engine_args:
             return setup
+    _make_room_for(engine_args)
     # create_engine_config fills in fields of the args it is given: the key is the args as passed.
     as_passed = copy.deepcopy(engine_args)
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
