@@ -61,11 +61,13 @@ def _move_beside(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Modules run beside the suite moved out of it (`_move_beside`); in-process tests first, while the shared engines start (`_engines_start_early`); then the
-    real-engine tests on the shared engines, each shared engine stopped after its last user (the
-    prod server's first: the tests that end it come right after its other users); then the modules
-    with engines of their own (`ENGINES`, or the P/D set), which start while the shared engines'
-    tests run, into the memory those leave. Otherwise in collection order."""
+    """The tests run beside the suite moved out of it (`_move_beside`); in-process tests first,
+    while the shared engines start (`_engines_start_early`); then the real-engine tests on the
+    shared engines, each shared engine stopped after its last user (the prod server's first: the
+    tests that end it come right after its other users); then the modules with engines of their own
+    (`ENGINES`, or the P/D set), which start while the shared engines' tests run, into the memory
+    those leave; last, the tests that wait for work started at collection (`BESIDE_ORDER`).
+    Otherwise in collection order."""
     _move_beside(config, items)
     by_module: dict = {}
     for item in items:

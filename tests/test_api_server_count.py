@@ -217,7 +217,15 @@ def test_engine_core_death_ends_every_process_nonzero(scale_outs):
     server = scale_outs.get("doomed")
     try:
         with ExitStack() as stack:
-            streams = {i: StreamReader(_connection_to(stack, server.url, i), _long(f"death-{i}")) for i in (0, 1)}
+            # Both connections and each process's first request first, then both streams at once. A
+            # stream started while the other process was still connecting ran all its tokens
+            # (4,000 in 16 s) before the other's first three arrived (15 s after it was sent, in a
+            # clean-clone run) and ended "length" before the kill.
+            clients = {i: _connection_to(stack, server.url, i) for i in (0, 1)}
+            for i, client in clients.items():
+                first = client.post(GENERATE, json=scripted(PROMPT, [9707, 11], sampling_params={"max_tokens": 2}), timeout=60)
+                assert first.status_code == 200 and first.headers[INDEX] == str(i), (i, first.text)
+            streams = {i: StreamReader(client, _long(f"death-{i}")) for i, client in clients.items()}
             for s in streams.values():
                 s.wait_events(3)
             children = psutil.Process(server.proc.pid).children(recursive=True)
@@ -233,8 +241,8 @@ def test_engine_core_death_ends_every_process_nonzero(scale_outs):
         server.stop()
     for i, s in streams.items():
         assert s.done(), f"process {i}: {s.payloads()[-3:]}"
-        error = s.payloads()[-2]
-        assert error["error"]["code"] == 503 and "dead" in error["error"]["message"].lower(), (i, error)
+        error = s.payloads()[-2].get("error") or {}
+        assert error.get("code") == 503 and "dead" in error.get("message", "").lower(), (i, finish_reason(s.payloads()), len(s.payloads()))
     assert code not in (0, None), server.log_tail()
     assert not alive, f"every API process exits: {alive}"
     print(f"engine core killed → parent exited {code} after {elapsed:.1f}s")
