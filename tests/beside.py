@@ -56,9 +56,6 @@ class Session:
                 _queue().put(self)
         return self
 
-    def started(self) -> bool:
-        return self._started
-
     def running(self) -> bool:
         """Started this session and not finished (queued counts as running)."""
         return self._started and not self._done.is_set()

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 GENERATE = "/inference/v1/generate"
+
+
+def sent_together(requests: dict[str, tuple[Callable[[], Any], ...]]) -> dict[str, tuple[concurrent.futures.Future, ...]]:
+    """Each name's requests, every request sent at once and answered when this returns, so that a real
+    engine steps them together (batch answers to replayed tokens do not depend on what else it runs).
+    Each answer is a future: a test that reads its own (`.result()`) gets what its request raised."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, sum(map(len, requests.values())))) as pool:
+        return {name: tuple(pool.submit(send) for send in sends) for name, sends in requests.items()}
 
 
 def scripted(token_ids: list[int], script: list[int], **fields: Any) -> dict[str, Any]:

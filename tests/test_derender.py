@@ -10,6 +10,7 @@ The derender rules, the parser fingerprint, a server without parsers and multi-t
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatMessage
 
 from tests import chat_cases as cc
-from tests.support import post, sse_events
+from tests.support import post, sent_together, sse_events
 
 pytestmark = pytest.mark.real_engine
 
@@ -88,19 +89,17 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def batch_answers(server, vllm_server, tokenizer) -> dict[str, tuple[concurrent.futures.Future, concurrent.futures.Future]]:
-    """Case name -> our batch answer and coupled chat's, every case's requests sent at once: a
-    batch answer is the same whatever else the engine runs (replayed tokens), and the engines step
-    the cases together (one after another, they took about 30 s of a suite run). The streams are
-    read one at a time in each test: a reader that keeps up is what lets their splits be compared."""
+    """Case name -> our batch answer and coupled chat's, every case's requests sent at once (one
+    after another, they took about 30 s of a suite run). The streams are read one at a time in each
+    test: a reader that keeps up is what lets their splits be compared."""
     scripts = {case.name: cc.script_for(tokenizer, case.text) for case in CASES}
-    with concurrent.futures.ThreadPoolExecutor(2 * len(CASES)) as pool:
-        return {
-            case.name: (
-                pool.submit(_ours_batch, server, vllm_server, case, scripts[case.name]),
-                pool.submit(cc.coupled_chat, vllm_server.url, cc.chat_body(**case.chat), scripts[case.name], stream=False),
-            )
-            for case in CASES
-        }
+    return sent_together({
+        case.name: (
+            functools.partial(_ours_batch, server, vllm_server, case, scripts[case.name]),
+            functools.partial(cc.coupled_chat, vllm_server.url, cc.chat_body(**case.chat), scripts[case.name], stream=False),
+        )
+        for case in CASES
+    })
 
 
 def _ours_batch(server, vllm_server, case: Case, script: list[int]) -> dict[str, Any]:
@@ -149,7 +148,7 @@ def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, batch_ans
     script = cc.script_for(tokenizer, case.text)
     chat = cc.chat_body(**case.chat)
 
-    ours_batch, theirs_batch = (answer.result() for answer in batch_answers[case.name])  # raises what its request raised
+    ours_batch, theirs_batch = (answer.result() for answer in batch_answers[case.name])
     ours_choice, theirs_choice = ours_batch["choices"][0], theirs_batch["choices"][0]
     ChatMessage.model_validate(ours_choice["message"])  # vLLM's own model accepts our message
     assert ours_batch["output_mode"] == "derender"

@@ -6,6 +6,7 @@ tests/test_text_inprocess.py and tests/test_admission_inprocess.py."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from tests.support import (
     post,
     same_chunking,
     scripted,
+    sent_together,
     sse_events,
 )
 
@@ -56,17 +58,14 @@ def _body(tokenizer, text: str, sampling: dict, **fields) -> dict:
 
 @pytest.fixture(scope="module")
 def batch_answers(server, vllm_server, tokenizer) -> dict[str, tuple[concurrent.futures.Future, concurrent.futures.Future]]:
-    """Case name -> our batch answer and vLLM's, the cases without logprobs sent at once: their
-    answers are the same whatever else the engine runs (replayed tokens), and the engines step them
-    together. Logprobs are not: two engines batching different neighbours may round a logit
-    differently, so the logprobs case is sent alone, in its test."""
-    alone = [name for name, _, sampling in CASES if "logprobs" in sampling]
-    with concurrent.futures.ThreadPoolExecutor(2 * len(CASES)) as pool:
-        return {
-            name: tuple(pool.submit(post, url, _body(tokenizer, text, sampling)) for url in (server.url, vllm_server.url))
-            for name, text, sampling in CASES
-            if name not in alone
-        }
+    """Case name -> our batch answer and vLLM's, the cases without logprobs sent at once. Logprobs
+    are not independent of what else the engine runs (two engines batching different neighbours may
+    round a logit differently), so the logprobs case is sent alone, in its test."""
+    return sent_together({
+        name: tuple(functools.partial(post, url, _body(tokenizer, text, sampling)) for url in (server.url, vllm_server.url))
+        for name, text, sampling in CASES
+        if "logprobs" not in sampling
+    })
 
 
 @pytest.mark.parametrize("name,text,sampling", CASES, ids=[c[0] for c in CASES])
