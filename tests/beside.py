@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +46,9 @@ class Session:
         self._proc: subprocess.Popen | None = None
         self._stopped = False
         self._lock = threading.Lock()
+        # When its process started and ended (time.time()): whether it overlapped a module's timed
+        # checks is read off these (conftest's terminal summary prints them).
+        self.ran: tuple[float, float] | None = None
         _sessions.append(self)
 
     def start(self, args: list[str]) -> Session:
@@ -93,11 +97,13 @@ class Session:
                     [sys.executable, "-m", "pytest", *self._args, "-q", "-p", "no:cacheprovider"],
                     cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                 )
+            began = time.time()
             try:
                 code = self._proc.wait(TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 code = f"killed after {TIMEOUT_S} s"
+            self.ran = (began, time.time())
             out.seek(0)
             output = out.read()
         if code:
@@ -110,6 +116,11 @@ def inherited_env() -> dict[str, str]:
 
 
 _sessions: list[Session] = []
+
+
+def spans(since: float) -> list[str]:
+    """Each session that ran: when, in seconds since `since`."""
+    return [f"{s.name}: {s.ran[0] - since:.0f}-{s.ran[1] - since:.0f} s" for s in _sessions if s.ran]
 
 
 def stop_all() -> None:

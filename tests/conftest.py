@@ -9,6 +9,7 @@ rules, no parsers, another stream interval) is checked in process (tests/inproce
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ collect_ignore = [] if VLLM_LINE == "0.33" else ["vllm033"]
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ends_prod_server: ends the shared prod_server (runs after its other users)")
+    config.stash[_BEGAN] = time.time()
 
 
 def _uses(item: pytest.Item, *fixtures: str) -> bool:
@@ -118,6 +120,18 @@ def pytest_sessionfinish(session):
     beside.stop_all()  # a session ended before their tests (-x, Ctrl+C)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """When the sessions beside the suite ran, and when each module with timed checks began and
+    ended: whether they overlapped is what a slow timed check in a clean-clone run is read against."""
+    began = config.stash[_BEGAN]
+    lines = beside.spans(began)
+    lines += [f"{name} (timed checks): {a - began:.0f}-{b - began:.0f} s" for name, (a, b) in config.stash.get(_TIMED, {}).items()]
+    if lines:
+        terminalreporter.write_sep("-", "beside the suite")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory) -> Path:
     return build_demo_model(tmp_path_factory.mktemp("model") / "demo")
@@ -195,6 +209,8 @@ _LAUNCHES = pytest.StashKey[dict]()
 _TIER_SELECTED = pytest.StashKey[bool]()
 _FIRST = pytest.StashKey[list]()
 _LAST_USERS = pytest.StashKey[dict]()
+_BEGAN = pytest.StashKey[float]()
+_TIMED = pytest.StashKey[dict]()  # module name -> (first setup, last teardown), time.time()
 
 
 def _launch_points(session: pytest.Session) -> dict:
@@ -235,7 +251,16 @@ def _last_users(session: pytest.Session) -> dict:
     return users
 
 
+def _note_timed(item: pytest.Item, end: bool) -> None:
+    module = getattr(item, "module", None)
+    if getattr(module, "NOTHING_STARTS_BESIDE", False):
+        spans = item.config.stash.setdefault(_TIMED, {})
+        first, _ = spans.get(module.__name__, (time.time(), 0.0))
+        spans[module.__name__] = (first, time.time() if end else 0.0)
+
+
 def pytest_runtest_setup(item):
+    _note_timed(item, end=False)
     pool = item.config.stash.get(_POOL, None)
     if pool is None:
         return
@@ -248,6 +273,7 @@ def pytest_runtest_setup(item):
 def pytest_runtest_teardown(item, nextitem):
     """A shared engine is stopped once its last user has run (in the background: its memory goes
     to the engines that start next)."""
+    _note_timed(item, end=True)
     pool = item.config.stash.get(_POOL, None)
     if pool is None:
         return
