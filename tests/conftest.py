@@ -210,7 +210,7 @@ _TIER_SELECTED = pytest.StashKey[bool]()
 _FIRST = pytest.StashKey[list]()
 _LAST_USERS = pytest.StashKey[dict]()
 _BEGAN = pytest.StashKey[float]()
-_TIMED = pytest.StashKey[dict]()  # module name -> (first setup, last teardown), time.time()
+_TIMED = pytest.StashKey[dict]()  # module name -> [first setup, last teardown], time.time()
 
 
 def _launch_points(session: pytest.Session) -> dict:
@@ -254,9 +254,9 @@ def _last_users(session: pytest.Session) -> dict:
 def _note_timed(item: pytest.Item, end: bool) -> None:
     module = getattr(item, "module", None)
     if getattr(module, "NOTHING_STARTS_BESIDE", False):
-        spans = item.config.stash.setdefault(_TIMED, {})
-        first, _ = spans.get(module.__name__, (time.time(), 0.0))
-        spans[module.__name__] = (first, time.time() if end else 0.0)
+        span = item.config.stash.setdefault(_TIMED, {}).setdefault(module.__name__, [time.time(), time.time()])
+        if end:
+            span[1] = time.time()
 
 
 def pytest_runtest_setup(item):

@@ -70,10 +70,10 @@ def batch_answers(server, vllm_server, tokenizer) -> dict[str, tuple[concurrent.
 
 @pytest.mark.parametrize("name,text,sampling", CASES, ids=[c[0] for c in CASES])
 def test_text_batch_equals_vllms_generate_text_mode(server, vllm_server, tokenizer, batch_answers, name, text, sampling):
-    body = _body(tokenizer, text, sampling)
     if name in batch_answers:
         ours, theirs = (answer.result() for answer in batch_answers[name])
     else:
+        body = _body(tokenizer, text, sampling)
         ours, theirs = post(server.url, body), post(vllm_server.url, body)
     assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
     ours, theirs = ours.json(), theirs.json()
