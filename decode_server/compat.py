@@ -26,7 +26,7 @@ SUPPORTED_LINES = ("0.32", "0.33")
 if VLLM_LINE not in SUPPORTED_LINES:
     raise ImportError(
         f"decode-server runs on vLLM {' or '.join(SUPPORTED_LINES)}; this is vLLM {VLLM_VERSION} "
-        "(README, 'Upgrading vLLM': how a next version is checked)"
+        "(docs/vllm-versions.md, 'Upgrading': how a next version is checked)"
     )
 _V033 = VLLM_LINE == "0.33"
 

@@ -1,7 +1,7 @@
 """Every `vllm serve` command line parses here, and every frontend flag is accounted for (issue #13).
 
 The CLI is vLLM's own parser; `decode_server.process.frontend_flags` says what each frontend flag does
-here, and the README's table is that list. These checks build parsers only (no engine).
+here, and the table in docs/configuration.md is that list. These checks build parsers only (no engine).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from decode_server.process.cli import build_parser, server_config
 from decode_server.process.frontend_flags import ADDED_IN, IMPLEMENTED, NO_MEANING, frontend_dests, log_flags_without_meaning
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 # A decode-pod command line as llm-d's decode guide writes it for `vllm serve`.
 LLM_D_DECODE = [
@@ -68,13 +68,13 @@ def test_every_frontend_flag_is_implemented_or_says_why_it_has_no_meaning(serve)
     assert not stale, f"entries for flags vLLM no longer has: {stale}"
 
 
-def _readme_rows() -> dict[str, str]:
-    section = README.read_text().split("### Every `vllm serve` flag", 1)[1].split("\n## ", 1)[0]
+def _documented_rows() -> dict[str, str]:
+    section = CONFIGURATION.read_text().split("## Every `vllm serve` flag", 1)[1].split("\n## ", 1)[0]
     return dict(re.findall(r"^\| `--([a-z0-9-]+)`[^|]*\| (.+?) \|$", section, re.M))
 
 
-def test_the_readme_table_is_the_flag_list():
-    rows = _readme_rows()
+def test_the_documented_table_is_the_flag_list():
+    rows = _documented_rows()
     expected = {d.replace("_", "-"): f"implemented: {v}" for d, v in IMPLEMENTED.items() if d != "model_tag"}
     expected |= {d.replace("_", "-"): f"no meaning here: {v}" for d, v in NO_MEANING.items()}
     # Every supported vLLM line's rows: the flags a later line added are listed, marked with it.

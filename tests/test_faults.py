@@ -1,7 +1,7 @@
 """Faults at the transport and around aborts (issue #15, items 2-4), on one real engine with 4 slots;
 last, that engine's core killed mid-stream (the server's end).
 
-Each test states the bound it guarantees; the README's Reliability table repeats it. The test
+Each test states the bound it guarantees; docs/operations.md's Reliability table repeats it. The test
 server shortens the transport bounds through their environment variables (the production
 defaults are in decode_server/config.py): a request head must be complete in 3 s (default 10),
 a stream whose client reads nothing is cut after 3 s (default 60), and kept-alive connections

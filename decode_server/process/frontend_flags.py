@@ -4,7 +4,7 @@ The CLI is built on vLLM's own argument definitions (`make_arg_parser`: `Fronten
 `AsyncEngineArgs`), so every `vllm serve` command line parses. Engine flags all go to the
 engine unchanged. Each frontend flag is listed below as implemented (what it does here) or as
 having no meaning for a decode server (why); setting one of the latter logs that reason once at
-start. The README's flag table is generated from, and tested against, this table.
+start. The flag table in docs/configuration.md is this table (tests/test_cli_flags.py keeps them equal).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ NO_MEANING: dict[str, str] = {
 
 
 # Frontend flags a vLLM line added, by line: the running line's table is NO_MEANING plus every
-# line's up to it (the README table lists them all, marked with the line).
+# line's up to it (docs/configuration.md's table lists them all, marked with the line).
 ADDED_IN: dict[str, dict[str, str]] = {
     "0.33": {"reasoning_effort_map": "the render tier applies it (reasoning_effort → chat_template_kwargs)"},
 }
