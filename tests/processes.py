@@ -21,16 +21,18 @@ def engine_cores(server: Server) -> list[psutil.Process]:
 
 
 def detached_engine_cores(server: Server) -> list[psutil.Process]:
-    """Its engine cores, each asserted to lead a session of its own (so a signal to the server's
-    process group misses them: decode_server/process/engine_session.py)."""
+    """Its engine cores, each asserted to lead a process group of its own (so a signal to the
+    server's process group misses them) in the server's session (so they share its CPU scheduling
+    group: decode_server/process/engine_session.py)."""
     cores = engine_cores(server)
     for core in cores:
-        assert os.getsid(core.pid) == os.getpgid(core.pid) == core.pid != os.getpgid(server.proc.pid), core
+        assert os.getpgid(core.pid) == core.pid != os.getpgid(server.proc.pid), core
+        assert os.getsid(core.pid) == os.getsid(server.proc.pid), core
     return cores
 
 
 def signal_all(server: Server, sig: int) -> None:
-    """To the server and every process under it: its engine processes are in a session of their own
+    """To the server and every process under it: its engine processes are in a process group of their own
     (decode_server/process/engine_session.py), so a signal to its process group misses them."""
     if server.proc is None or server.proc.poll() is not None:
         return

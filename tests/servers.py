@@ -97,6 +97,9 @@ class Server:
         # Variables in `env` that hold a port of the server's own (a side channel): picked anew with
         # the server's port when a start finds one taken.
         self.port_env: tuple[str, ...] = ()
+        # A session (so, with Linux's autogroup, a CPU scheduling group) of its own; else a process
+        # group of its own in the test's session, scheduled beside what else the test runs there.
+        self.own_session = True
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -149,7 +152,10 @@ class Server:
 
     def _start_once(self, timeout_s: float, log_mode: str) -> Server:
         self._log = open(self.log_path, log_mode)
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+            start_new_session=self.own_session, process_group=None if self.own_session else 0,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -141,7 +141,7 @@ def test_a_composed_parser_class_on_a_real_engine_answers_as_on_the_scripted_one
 
 
 def test_its_end_a_sigkill_of_the_server_leaves_no_engine_process(real_engines):
-    """The engine core leads a session of its own, so a signal to the server's group misses it
+    """The engine core leads a process group of its own, so a signal to the server's group misses it
     (decode_server/process/engine_session.py); it gets SIGTERM when its parent dies instead
     (PR_SET_PDEATHSIG). Without an engine: tests/test_engine_session.py."""
     hf_server = real_engines.get("parser-hf")

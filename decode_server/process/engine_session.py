@@ -1,12 +1,16 @@
-"""The engine's processes in a session of their own, tied to the server's life.
+"""The engine's processes in a process group of their own, tied to the server's life.
 
 A signal to the server's whole process group (Ctrl+C in a terminal, `kill -TERM -- -PGID`, an
 init wrapper that signals the group) would otherwise reach vLLM's engine core too, which dies at
 once under every open stream. Started inside `engine_session()`, each process the server starts
 (the engine core; with --data-parallel-size, the coordinator; the resource tracker if it is first
 needed there) first calls `detach()`:
-- `os.setsid()`: its own session and process group, outside the terminal's, so only the server
-  sees the group's signal; it drains, then stops the engine itself;
+- `os.setpgid(0, 0)`: its own process group, in the server's session, so only the server sees a
+  signal to the server's group (a terminal's Ctrl+C goes to its foreground group only); the server
+  drains, then stops the engine itself. Not a session of its own (`setsid`): with Linux's autogroup
+  scheduling each session is a CPU scheduling group, and an engine in a group of its own takes
+  half the CPU from the API process under contention, which then reads engine steps late and
+  merges them (fewer, bigger stream events than vLLM's own server sends);
 - `PR_SET_PDEATHSIG`: SIGTERM (vLLM's engine core shuts down on it) when the server dies, for
   vLLM's engine core does not watch its parent: a SIGKILL of the server leaves no engine behind.
   The engine's own workers (tensor parallel) watch the engine core through vLLM's death pipe.
@@ -43,9 +47,10 @@ PARENT_DEATH_SIGNAL = signal.SIGTERM
 
 
 def detach(parent: int) -> None:
-    """In a child of `parent`, before it runs anything else: its own session, and a signal when
-    `parent` (the thread of it that started the child: the server's main thread) dies."""
-    os.setsid()
+    """In a child of `parent`, before it runs anything else: its own process group (in the server's
+    session: see above), and a signal when `parent` (the thread of it that started the child: the
+    server's main thread) dies."""
+    os.setpgid(0, 0)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")

@@ -107,7 +107,7 @@ def _launch(args: argparse.Namespace, config: ServerConfig, log_format: str) -> 
     listeners = bind_engine_zmq_listeners(vllm_config, count)
     log_stats = not engine_args.disable_log_stats
     with contextlib.ExitStack() as launched:
-        # The engine core (started as the launch is entered) in a session of its own; the API
+        # The engine core (started as the launch is entered) in a process group of its own; the API
         # processes (started below) stay in ours: a signal to the group reaches them and this
         # process, and each drains.
         with engine_session():
