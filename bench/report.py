@@ -1,6 +1,6 @@
 """results.json -> results.md: medians and spreads over the interleaved repetitions.
 
-    python -m bench.report bench/results/<run>     # re-renders <run>/results.md from <run>/results.json
+    python -m bench.report bench/results/<run>     # re-renders <run>/results.md and figure.svg from <run>/results.json
 
 From the per-run records (each with `cell` and `rep`), per scenario (a cell and a pair of
 levels compared: tokens vs tokens, text vs text, derender stream vs vLLM's coupled chat stream):
@@ -309,4 +309,7 @@ def scenario_table(recs: list[dict]) -> list[str]:
 
 
 if __name__ == "__main__":
+    from bench.figure import write_figure
+
     write_report(Path(sys.argv[1]))
+    write_figure(Path(sys.argv[1]))

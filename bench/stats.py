@@ -92,29 +92,40 @@ def _count(items: Iterable[Any]) -> dict[str, int]:
     return out
 
 
-def _latencies(results: Sequence[StreamResult]) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(ttft, e2e, tpot per request, tpot per token) in seconds."""
+GAP_QUANTILES = tuple(range(0, 101, 5))  # the inter-event gap distribution a results.json keeps (bench/figure.py)
+
+
+def gap_quantiles_ms(values_s: Sequence[float]) -> list[float | None]:
+    """The values (seconds) at each of GAP_QUANTILES, in milliseconds: a distribution small enough to keep."""
+    v = sorted(x * 1000.0 for x in values_s)
+    return [_r(percentile(v, q)) for q in GAP_QUANTILES]
+
+
+def _latencies(results: Sequence[StreamResult]) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+    """(ttft, e2e, tpot per request, tpot per token, gap between token-carrying events) in seconds."""
     ttft: list[float] = []
     e2e: list[float] = []
     tpot_req: list[float] = []
     per_token: list[float] = []
+    event_gaps: list[float] = []
     for r in results:
         if r.times:
             ttft.append(r.times[0] - r.start)
             for i in range(1, len(r.times)):
-                gap = (r.times[i] - r.times[i - 1]) / r.ntoks[i]
+                event_gaps.append(r.times[i] - r.times[i - 1])
+                gap = event_gaps[-1] / r.ntoks[i]
                 per_token.extend([gap] * r.ntoks[i])
             after_first = r.tokens - r.ntoks[0]
             if after_first > 0 and r.completed:
                 tpot_req.append((r.times[-1] - r.times[0]) / after_first)
         if r.completed:
             e2e.append(r.end - r.start)
-    return ttft, e2e, tpot_req, per_token
+    return ttft, e2e, tpot_req, per_token, event_gaps
 
 
 def summarize(results: Sequence[StreamResult], wall_s: float) -> dict[str, Any]:
     """Latency/throughput summary of a set of stream results."""
-    ttft, e2e, tpot_req, per_token = _latencies(results)
+    ttft, e2e, tpot_req, per_token, event_gaps = _latencies(results)
     tokens = sum(r.tokens for r in results)
     events = sum(len(r.ntoks) for r in results)
     errors = [r.error for r in results if r.error]
@@ -126,11 +137,16 @@ def summarize(results: Sequence[StreamResult], wall_s: float) -> dict[str, Any]:
         "output_tokens": tokens,
         "token_events": events,
         "tokens_per_event": round(tokens / events, 3) if events else None,
+        # A server that merges engine steps sends fewer events than tokens (vLLM's sends one per step).
+        "events_per_token": round(events / tokens, 3) if tokens else None,
         "wall_s": round(wall_s, 3),
         "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
         "ttft_ms": dist_ms(ttft),
         "tpot_ms": dist_ms(per_token),
         "tpot_req_ms": dist_ms(tpot_req),
+        # What a client sees between two events that carry tokens, whatever they carry.
+        "event_gap_ms": dist_ms(event_gaps),
+        "event_gap_quantiles_ms": gap_quantiles_ms(event_gaps),
         "e2e_ms": dist_ms(e2e),
         "finish_reasons": _count(r.finish_reason for r in results),
     }
