@@ -39,8 +39,20 @@ class Composition(NamedTuple):
     component: Path
 
 
-# Each component on the trees that run pools (the cpu demo has one pod and no autoscaling story).
-COMPOSITIONS = [Composition(o, c) for c in COMPONENTS for o in (BASE, LLM_D)]
+MONITORING = DEPLOY / "components" / "monitoring"
+
+
+def _listed_components(tree: Path) -> set[Path]:
+    kust = yaml.safe_load((tree / "kustomization.yaml").read_text())
+    return {(tree / c).resolve() for c in kust.get("components", [])}
+
+
+# Each opt-in component (deploy/components/) on the trees that run pools, where the tree does not
+# list it already (the llm-d overlay has monitoring), and monitoring on the cpu demo (opt-in there).
+COMPOSITIONS = [
+    Composition(o, c) for c in COMPONENTS if c.parent == DEPLOY / "components" for o in (BASE, LLM_D)
+    if c.resolve() not in _listed_components(o)
+] + [Composition(CPU_DEMO, MONITORING)]
 Tree = Union[Path, Composition]
 
 
@@ -58,8 +70,16 @@ def kustomize_cmd() -> list[str] | None:
     return None
 
 
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+
+
 def load_docs(text: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def applied(docs: list[dict]) -> list[dict]:
+    """What kustomize emits: local-config objects (parameters) are dropped."""
+    return [d for d in docs if d.get("metadata", {}).get("annotations", {}).get(LOCAL_CONFIG) != "true"]
 
 
 def render_with_kustomize(directory: Path) -> list[dict]:
@@ -96,6 +116,10 @@ def render_by_hand(directory: Path) -> list[dict]:
     return docs
 
 
+def render_by_hand_applied(directory: Path) -> list[dict]:
+    return applied(render_by_hand(directory))
+
+
 def _render_composition(tree: Composition) -> list[dict]:
     if kustomize_cmd() is None:
         pytest.skip(f"{tree_id(tree)}: a Component needs kustomize, none installed")
@@ -119,7 +143,7 @@ def render(tree: Tree) -> list[dict]:
         if isinstance(tree, Composition):
             _rendered[tree] = _render_composition(tree)
         else:
-            _rendered[tree] = render_with_kustomize(tree) if kustomize_cmd() else render_by_hand(tree)
+            _rendered[tree] = render_with_kustomize(tree) if kustomize_cmd() else render_by_hand_applied(tree)
     return _rendered[tree]
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests import exposed_metrics
-from tests.deploy_render import BASE, of_kind, pod_labels, render
+from tests.deploy_render import BASE, MONITORING, Composition, of_kind, pod_labels, render
 from tests.observability_queries import (
     HPA, KEDA, KUBE_STATE_METRICS, OPERATOR_TARGET_LABELS, ROOT, Query, adapter_queries, alerts, all_queries,
     code_label_values, dashboard_queries, keda_queries, load_dashboard, promtool, rule_groups, selector_problems,
@@ -40,7 +40,7 @@ def exposed() -> dict[str, dict]:
 
 
 def pod_monitor() -> dict:
-    (monitor,) = of_kind(render(BASE), "PodMonitor")
+    (monitor,) = of_kind(render(Composition(BASE, MONITORING)), "PodMonitor")
     return monitor
 
 
