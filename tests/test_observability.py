@@ -244,9 +244,13 @@ def test_autoscalers_read_what_the_pod_monitor_scrapes():
         (sel,) = selectors(q.promql)
         matchers = {m.name: m.value for m in sel.matchers.matchers}
         assert {matchers["job"]} == job and {matchers["pool"]} == decode_pool, q
-        assert sel.name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+        assert sel.name in ("vllm:num_requests_waiting_by_reason", "vllm:kv_cache_usage_perc")
+        if sel.name == "vllm:num_requests_waiting_by_reason":  # capacity waits only, as DecodeServerQueueSaturated
+            assert matchers["reason"] == "capacity", q
     served = {q.where.split()[-1]: selectors(q.promql)[0].name for q in adapter_queries() if "seriesQuery" in q.where}
-    assert served == {"vllm_num_requests_waiting": "vllm:num_requests_waiting", "vllm_kv_cache_usage_perc": "vllm:kv_cache_usage_perc"}
+    assert served == {"vllm_num_requests_waiting": "vllm:num_requests_waiting_by_reason", "vllm_kv_cache_usage_perc": "vllm:kv_cache_usage_perc"}
+    (waiting,) = [q for q in adapter_queries() if q.where == "adapter metricsQuery vllm_num_requests_waiting"]
+    assert 'reason="capacity"' in waiting.promql
     hpa = yaml.safe_load(HPA.read_text())
     assert {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]} == set(served)
     scaled = yaml.safe_load(KEDA.read_text())
