@@ -36,6 +36,9 @@ def exposed() -> dict[str, dict]:
     ours = exposed_metrics.ours()
     assert not set(ours) & set(vllm), "our series never share vLLM's names"
     series = exposed_metrics.series({**vllm, **ours})
+    # With --api-server-count N the per-process gauge is rendered once per API process, labelled pid
+    # (prometheus_client's multiprocess mode, liveall).
+    series["decode_server_frontend_cpu_seconds"]["labels"].add("pid")
     return {**series, "up": {"labels": set(), "values": {}}, **KUBE_STATE_METRICS}
 
 
