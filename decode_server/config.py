@@ -9,6 +9,11 @@ from typing import Any
 # As vLLM: no --host binds every interface.
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# A request body must arrive whole within this many seconds of its head (--request-body-timeout):
+# a client that dribbles its body in gets 408 instead of holding a connection and a handler
+# forever (uvicorn, and so vLLM's server, bounds neither). Generous for any body this server
+# takes (8 MiB at 300 KB/s); 0: no bound.
+DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0
 # vLLM's `--shutdown-timeout` governs the drain; vLLM's own default is 0 (no drain), ours 30 s.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # After the drain deadline, how long aborted streams get to send their last chunk.
@@ -58,6 +63,8 @@ class ServerConfig:
     derender: DerenderConfig = field(default_factory=DerenderConfig)
     api_keys: tuple[str, ...] = ()
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # --request-body-timeout: the whole body within this many seconds of the handler's first read; 0: off.
+    request_body_timeout_s: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
     # SSE `: keep-alive` comments every this many seconds; 0: none (vLLM's default: data lines only).
     sse_keep_alive_s: float = 0
     return_tokens_as_token_ids: bool = False

@@ -41,7 +41,13 @@ class ServerError(Exception):
     @property
     def headers(self) -> dict[str, str] | None:
         # Every 503 is transient here (overload, draining, a dead engine being replaced).
-        return {"Retry-After": str(RETRY_AFTER_S)} if self.status == 503 else None
+        if self.status == 503:
+            return {"Retry-After": str(RETRY_AFTER_S)}
+        # A 408 leaves the rest of its body unread on the connection: close it (RFC 9110 15.5.9;
+        # uvicorn closes a connection whose response says `Connection: close`).
+        if self.status == 408:
+            return {"Connection": "close"}
+        return None
 
 
 class Rejected(ServerError):
@@ -66,6 +72,14 @@ def engine_dead(message: str = ENGINE_DEAD) -> Rejected:
 
 def draining(message: str = DRAINING) -> Rejected:
     return Rejected(message, status=503, reason="draining")
+
+
+def body_timeout(timeout_s: float, received: int) -> Rejected:
+    return Rejected(
+        f"request body not received within {timeout_s:g} s (got {received} bytes)",
+        status=408,
+        reason="body_timeout",
+    )
 
 
 def describe(e: BaseException) -> ServerError:

@@ -25,6 +25,7 @@ _TYPES = {
     400: "BadRequestError",
     401: "Unauthorized",
     404: "NotFoundError",
+    408: "RequestTimeout",
     409: "ConflictError",
     413: "RequestEntityTooLarge",
     422: "UnprocessableEntityError",

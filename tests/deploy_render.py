@@ -39,8 +39,22 @@ class Composition(NamedTuple):
     component: Path
 
 
-# Each component on the trees that run pools (the cpu demo has one pod and no autoscaling story).
-COMPOSITIONS = [Composition(o, c) for c in COMPONENTS for o in (BASE, LLM_D)]
+MONITORING = DEPLOY / "components" / "monitoring"
+
+
+def _listed_components(tree: Path) -> set[Path]:
+    kust = yaml.safe_load((tree / "kustomization.yaml").read_text())
+    return {(tree / c).resolve() for c in kust.get("components", [])}
+
+
+# Each opt-in component (deploy/components/) on the trees that run pools, where the tree does not
+# list it already (the llm-d overlay has monitoring), and monitoring on the cpu demo (opt-in there).
+COMPOSITIONS = [
+    Composition(o, c) for c in COMPONENTS if c.parent == DEPLOY / "components" for o in (BASE, LLM_D)
+    if c.resolve() not in _listed_components(o)
+] + [Composition(CPU_DEMO, MONITORING)]
+# (tree, component) pairs where the tree lists the component already.
+DEDUPE_OK = {(o, c) for c in COMPONENTS for o in (BASE, CPU_DEMO, LLM_D) if c.resolve() in _listed_components(o)}
 Tree = Union[Path, Composition]
 
 
@@ -58,8 +72,16 @@ def kustomize_cmd() -> list[str] | None:
     return None
 
 
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+
+
 def load_docs(text: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def applied(docs: list[dict]) -> list[dict]:
+    """What kustomize emits: local-config objects (parameters) are dropped."""
+    return [d for d in docs if d.get("metadata", {}).get("annotations", {}).get(LOCAL_CONFIG) != "true"]
 
 
 def render_with_kustomize(directory: Path) -> list[dict]:
@@ -96,19 +118,34 @@ def render_by_hand(directory: Path) -> list[dict]:
     return docs
 
 
+def render_by_hand_applied(directory: Path) -> list[dict]:
+    return applied(render_by_hand(directory))
+
+
+# The namespace compositions are built into: not `default`, so a query or selector that names a
+# namespace of its own shows (tests/deploy/test_namespaces.py).
+COMPOSED_NAMESPACE = "llm-serving"
+
+
 def _render_composition(tree: Composition) -> list[dict]:
+    """The tree in COMPOSED_NAMESPACE (an overlay of its own, so the namespace is set before the
+    component runs, as deploy/README.md tells operators to), the component on top."""
     if kustomize_cmd() is None:
         pytest.skip(f"{tree_id(tree)}: a Component needs kustomize, none installed")
     # kustomize takes only relative paths to directories.
     with tempfile.TemporaryDirectory(prefix="decode-server-compose-") as tmp:
-        kust = {
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": [os.path.relpath(tree.overlay, tmp)],
-            "components": [os.path.relpath(tree.component, tmp)],
-        }
-        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kust))
-        return render_with_kustomize(Path(tmp))
+        inner, outer = Path(tmp) / "namespaced", Path(tmp) / "composed"
+        inner.mkdir()
+        outer.mkdir()
+        (inner / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "namespace": COMPOSED_NAMESPACE, "resources": [os.path.relpath(tree.overlay, inner)],
+        }))
+        (outer / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": COMPOSED_NAMESPACE,
+            "resources": ["../namespaced"], "components": [os.path.relpath(tree.component, outer)],
+        }))
+        return render_with_kustomize(outer)
 
 
 _rendered: dict[Tree, list[dict]] = {}
@@ -119,7 +156,7 @@ def render(tree: Tree) -> list[dict]:
         if isinstance(tree, Composition):
             _rendered[tree] = _render_composition(tree)
         else:
-            _rendered[tree] = render_with_kustomize(tree) if kustomize_cmd() else render_by_hand(tree)
+            _rendered[tree] = render_with_kustomize(tree) if kustomize_cmd() else render_by_hand_applied(tree)
     return _rendered[tree]
 
 

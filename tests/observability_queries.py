@@ -24,7 +24,7 @@ from tests.deploy_render import DEPLOY, OBSERVABILITY
 
 ROOT = DEPLOY.parent
 DASHBOARD = OBSERVABILITY / "decode-server-dashboard.json"
-RULES = OBSERVABILITY / "prometheusrule.yaml"
+RULES = DEPLOY / "components" / "monitoring" / "prometheusrule.yaml"
 KEDA = DEPLOY / "components" / "keda-autoscaling" / "scaledobject.yaml"
 HPA = DEPLOY / "components" / "hpa-autoscaling" / "hpa.yaml"
 ADAPTER = DEPLOY / "components" / "hpa-autoscaling" / "prometheus-adapter-values.yaml"

@@ -12,6 +12,7 @@ import subprocess
 
 import yaml
 
+from tests.deploy_render import DEPLOY
 from tests.observability_queries import RULES, alerts, promtool, rule_groups
 
 DECODE = {"job": "decode-server", "namespace": "ns", "pool": "decode", "pod": "decode-1"}
@@ -25,7 +26,11 @@ REQUIRED = {
     "parser fingerprint drift": "DecodeServerParserFingerprintDrift",
     "queue saturation": "DecodeServerQueueSaturated",
     "drain longer than the grace period": "DecodeServerDrainOverran",
+    "drain aborts": "DecodeServerDrainAborts",
 }
+# An API process of --api-server-count N: its per-process series carry pid (multiprocess mode).
+def api(pod: str, pid: int) -> dict:
+    return {**DECODE, "pod": pod, "pid": str(pid), "model_name": "m"}
 
 
 def s(name: str, labels: dict, values: str) -> dict:
@@ -39,9 +44,19 @@ def pick(labels: dict, *keys: str) -> dict:
 
 # alert -> (input series, {eval minute: [labels of each firing alert]}); [] means none fires.
 SCENARIOS = {
+    # decode-1 (one process) restarts at minutes 6 and 11: two in 30 minutes, held 5, fires; the
+    # prefill pod restarts once: quiet. decode-2 (two API processes) restarts at 5 and 10: new pids.
     "DecodeServerEngineDied": (
-        [s("process_start_time_seconds", DECODE, "1000x5 1400x40"), s("process_start_time_seconds", PREFILL, "1000x45")],
-        {4: [], 10: [DECODE], 25: []},
+        [s("process_start_time_seconds", DECODE, "1000x5 1400x5 1800x40"), s("process_start_time_seconds", PREFILL, "1000x5 1400x40"),
+         s("decode_server_frontend_cpu_seconds", api("decode-2", 1), "1x4 _x50"), s("decode_server_frontend_cpu_seconds", api("decode-2", 2), "1x4 _x50"),
+         s("decode_server_frontend_cpu_seconds", api("decode-2", 3), "_x5 1x4 _x40"), s("decode_server_frontend_cpu_seconds", api("decode-2", 4), "_x5 1x4 _x40"),
+         s("decode_server_frontend_cpu_seconds", api("decode-2", 5), "_x10 1x45"), s("decode_server_frontend_cpu_seconds", api("decode-2", 6), "_x10 1x45")],
+        {5: [], 12: [], 22: [pick(DECODE, "namespace", "pool", "pod"), {**pick(DECODE, "namespace", "pool"), "pod": "decode-2"}], 50: []},
+    ),
+    "DecodeServerDrainAborts": (
+        [s("decode_server_aborts_total", {**DECODE, "model_name": "m", "cause": "drain"}, "0x10 3x40"),
+         s("decode_server_aborts_total", {**PREFILL, "model_name": "m", "cause": "client_disconnect"}, "0+5x50")],
+        {5: [], 15: [pick(DECODE, "namespace", "pool")], 48: []},
     ),
     "DecodeServerPoolDown": (
         [s("up", DECODE, "0x30"), s("up", PREFILL, "1x30")],
@@ -130,6 +145,25 @@ def test_every_alert_has_a_scenario_severity_and_runbook():
         assert a["labels"]["severity"] in ("critical", "warning"), a["alert"]
         for key in ("summary", "description", "runbook"):
             assert len(a["annotations"].get(key, "").strip()) > 20, f"{a['alert']}: annotation {key}"
+
+
+def test_runbook_paths_point_at_a_section_of_the_repository():
+    """A runbook annotation that names a file (deploy/RUNBOOK.md#section) names one that exists,
+    and a heading in it with that anchor (GitHub's: lower case, spaces to dashes)."""
+    linked = [(a["alert"], a["annotations"]["runbook"].strip()) for a in alerts() if a["annotations"]["runbook"].strip().startswith("deploy/")]
+    assert linked, "no alert links its runbook"
+    for alert, link in linked:
+        path, _, anchor = link.partition("#")
+        target = DEPLOY.parent / path
+        assert target.is_file(), f"{alert}: {path} does not exist"
+        anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", target.read_text(), re.M)}
+        assert anchor in anchors, f"{alert}: no heading #{anchor} in {path}"
+
+
+def test_every_alert_holds_for_a_while():
+    """Each alert has a `for:` (a single bad evaluation never pages)."""
+    missing = [a["alert"] for a in alerts() if "for" not in a]
+    assert missing == []
 
 
 def test_annotations_name_only_labels_the_alert_has():

@@ -55,7 +55,7 @@ def _engine_dests() -> set[str]:
 
 
 def _own_dests() -> set[str]:
-    return {"shutdown_timeout", "log_format", "max_request_bytes"}
+    return {"shutdown_timeout", "log_format", "max_request_bytes", "request_body_timeout"}
 
 
 def test_every_frontend_flag_is_implemented_or_says_why_it_has_no_meaning(serve):
@@ -115,6 +115,16 @@ def test_flags_without_meaning_are_named_in_one_log_line_each(parser, serve, cap
 def test_the_drain_timeout_alias_and_the_default_drain(parser):
     assert parser.parse_args(["serve"]).shutdown_timeout == 30, "ours drains 30 s by default (vLLM: 0, abort)"
     assert parser.parse_args(["serve", "--drain-timeout", "5"]).shutdown_timeout == 5
+
+
+def test_the_request_body_timeout_flag(parser, capsys):
+    """30 s by default, any seconds >= 0 (0: no bound), into the server config; negative refused."""
+    assert server_config(parser.parse_args(["serve"])).request_body_timeout_s == 30
+    assert server_config(parser.parse_args(["serve", "--request-body-timeout", "2.5"])).request_body_timeout_s == 2.5
+    assert server_config(parser.parse_args(["serve", "--request-body-timeout", "0"])).request_body_timeout_s == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--request-body-timeout", "-1"])
+    assert "expected seconds >= 0, got -1" in capsys.readouterr().err
 
 
 def test_vllm_api_key_from_the_environment_unless_the_flag_is_given(parser, monkeypatch):

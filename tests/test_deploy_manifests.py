@@ -31,9 +31,9 @@ import pytest
 import yaml
 
 from tests.deploy_render import (
-    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, Composition, DEPLOY, KUSTOMIZATIONS, LLM_D, OBSERVABILITY,
+    BASE, COMPONENTS, COMPOSITIONS, CPU_DEMO, Composition, DEPLOY, KUSTOMIZATIONS, LLM_D, MONITORING, OBSERVABILITY,
     all_containers, kustomize_cmd, load_docs, named, of_kind, pod_labels, pod_spec, port_numbers, render,
-    render_by_hand, render_with_kustomize, selects, tree_id,
+    render_by_hand_applied, render_with_kustomize, selects, tree_id,
 )
 
 
@@ -572,7 +572,7 @@ def test_by_hand_render_matches_kustomize(directory):
     def key(d):
         return (d["kind"], d["metadata"]["name"])
 
-    assert sorted(render_by_hand(directory), key=key) == sorted(render_with_kustomize(directory), key=key)
+    assert sorted(render_by_hand_applied(directory), key=key) == sorted(render_with_kustomize(directory), key=key)
 
 
 # ---------------------------------------------------------------- wiring
@@ -766,7 +766,10 @@ def pool_label_source(monitor: dict) -> tuple[str, str]:
     return pool["targetLabel"], pod_label
 
 
-@pytest.mark.parametrize("directory", [t for t in KUSTOMIZATIONS if t != OBSERVABILITY], ids=tree_id)
+MONITORED = [LLM_D, Composition(BASE, MONITORING), Composition(CPU_DEMO, MONITORING)]
+
+
+@pytest.mark.parametrize("directory", MONITORED, ids=tree_id)
 def test_pod_monitor_labels_each_pool(directory):
     """Every scraped series gets job="decode-server" and pool=decode|prefill (a target label from the
     pod's llm-d.ai/role), so rules tell the pools apart without matching pod names. Only target
@@ -825,7 +828,7 @@ def test_autoscalers_own_the_decode_pool(tree):
 
 
 def test_base_ha_defaults():
-    docs = render(BASE)
+    docs = render(Composition(BASE, MONITORING))
     for d in server_deployments(docs):
         assert d["spec"]["replicas"] == 2
         assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}, "no spare GPU to surge into"
@@ -874,7 +877,10 @@ def test_cpu_demo_overlay():
     if kustomize_cmd() is None:
         pytest.skip("no kustomize or kubectl")
     docs = render(CPU_DEMO)
-    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor", "NetworkPolicy"}
+    # No Prometheus Operator objects unless asked for (an apply on a cluster without their CRDs fails).
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
+    monitored = render(Composition(CPU_DEMO, MONITORING))
+    assert {d["kind"] for d in monitored} - {d["kind"] for d in docs} == {"PodMonitor", "PrometheusRule"}
     (deployment,) = of_kind(docs, "Deployment")
     c = server_container(deployment)
     argv = expand(c)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests import exposed_metrics
-from tests.deploy_render import BASE, of_kind, pod_labels, render
+from tests.deploy_render import BASE, MONITORING, Composition, of_kind, pod_labels, render
 from tests.observability_queries import (
     HPA, KEDA, KUBE_STATE_METRICS, OPERATOR_TARGET_LABELS, ROOT, Query, adapter_queries, alerts, all_queries,
     code_label_values, dashboard_queries, keda_queries, load_dashboard, promtool, rule_groups, selector_problems,
@@ -36,11 +36,14 @@ def exposed() -> dict[str, dict]:
     ours = exposed_metrics.ours()
     assert not set(ours) & set(vllm), "our series never share vLLM's names"
     series = exposed_metrics.series({**vllm, **ours})
+    # With --api-server-count N the per-process gauge is rendered once per API process, labelled pid
+    # (prometheus_client's multiprocess mode, liveall).
+    series["decode_server_frontend_cpu_seconds"]["labels"].add("pid")
     return {**series, "up": {"labels": set(), "values": {}}, **KUBE_STATE_METRICS}
 
 
 def pod_monitor() -> dict:
-    (monitor,) = of_kind(render(BASE), "PodMonitor")
+    (monitor,) = of_kind(render(Composition(BASE, MONITORING)), "PodMonitor")
     return monitor
 
 
@@ -244,9 +247,13 @@ def test_autoscalers_read_what_the_pod_monitor_scrapes():
         (sel,) = selectors(q.promql)
         matchers = {m.name: m.value for m in sel.matchers.matchers}
         assert {matchers["job"]} == job and {matchers["pool"]} == decode_pool, q
-        assert sel.name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+        assert sel.name in ("vllm:num_requests_waiting_by_reason", "vllm:kv_cache_usage_perc")
+        if sel.name == "vllm:num_requests_waiting_by_reason":  # capacity waits only, as DecodeServerQueueSaturated
+            assert matchers["reason"] == "capacity", q
     served = {q.where.split()[-1]: selectors(q.promql)[0].name for q in adapter_queries() if "seriesQuery" in q.where}
-    assert served == {"vllm_num_requests_waiting": "vllm:num_requests_waiting", "vllm_kv_cache_usage_perc": "vllm:kv_cache_usage_perc"}
+    assert served == {"vllm_num_requests_waiting": "vllm:num_requests_waiting_by_reason", "vllm_kv_cache_usage_perc": "vllm:kv_cache_usage_perc"}
+    (waiting,) = [q for q in adapter_queries() if q.where == "adapter metricsQuery vllm_num_requests_waiting"]
+    assert 'reason="capacity"' in waiting.promql
     hpa = yaml.safe_load(HPA.read_text())
     assert {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]} == set(served)
     scaled = yaml.safe_load(KEDA.read_text())

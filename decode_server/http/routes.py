@@ -19,7 +19,9 @@ from starlette.responses import Response
 
 from decode_server import __version__
 from decode_server.config import ServerConfig
-from decode_server.errors import DRAINING, ENGINE_DEAD, ClientDisconnected, Rejected, ServerError, draining, engine_dead
+from decode_server.errors import (
+    DRAINING, ENGINE_DEAD, ClientDisconnected, Rejected, ServerError, body_timeout, draining, engine_dead,
+)
 from decode_server.generate.service import GenerateService
 from decode_server.http.openapi import openapi_document
 from decode_server.http.sse import sse_response
@@ -88,15 +90,23 @@ async def render_error(request: Request, e: Exception) -> Response:
     return json_response(error_body(e.status, e.message, e.param, e.error_type), e.status, e.headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, config: ServerConfig) -> bytes:
+    """The whole body, at most `max_request_bytes` (413) and within `request_body_timeout_s` of the
+    first read (408, and the connection is closed: what is left of the body is never read)."""
+    limit = config.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise Rejected(f"request body exceeds {limit} bytes", status=413, reason="too_large")
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise Rejected(f"request body exceeds {limit} bytes", status=413, reason="too_large")
+    timeout_s = config.request_body_timeout_s or None
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    raise Rejected(f"request body exceeds {limit} bytes", status=413, reason="too_large")
+    except TimeoutError:
+        raise body_timeout(timeout_s, len(body)) from None
     return bytes(body)
 
 
@@ -155,7 +165,7 @@ async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
     with RequestRecord(st.metrics, access_log, span) as record:
         st.refuse_if_dead()
         st.refuse_if_draining()
-        body = await read_body(request, config.max_request_bytes)
+        body = await read_body(request, config)
         async with st.service.generation(body, request.headers, record) as generation:
             record.in_flight(generation.stats)
             head = await until_disconnect(request, generation.head())
@@ -174,7 +184,7 @@ async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
 
 async def abort_requests(request: Request) -> Response:
     st = _state(request)
-    body = await read_body(request, st.config.max_request_bytes)
+    body = await read_body(request, st.config)
     try:
         ids = _abort_decoder.decode(body).request_ids
     except msgspec.ValidationError as e:
@@ -224,13 +234,13 @@ async def load_lora_adapter(request: Request) -> Response:
     """vLLM's `POST /v1/load_lora_adapter` (`lora_name`, `lora_path`); only with
     VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM."""
     st = _state(request)
-    answer = await st.service.models.load(await read_body(request, st.config.max_request_bytes))
+    answer = await st.service.models.load(await read_body(request, st.config))
     return Response(answer, status_code=200)
 
 
 async def unload_lora_adapter(request: Request) -> Response:
     st = _state(request)
-    answer = await st.service.models.unload(await read_body(request, st.config.max_request_bytes))
+    answer = await st.service.models.unload(await read_body(request, st.config))
     return Response(answer, status_code=200)
 
 

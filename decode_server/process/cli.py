@@ -14,6 +14,7 @@ from pathlib import Path
 
 from decode_server.config import (
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REQUEST_BODY_TIMEOUT_S,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     DEMO_KV_CACHE_BYTES,
     DEMO_MAX_MODEL_LEN,
@@ -21,6 +22,13 @@ from decode_server.config import (
     DerenderConfig,
     ServerConfig,
 )
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {value}")
+    return seconds
 
 
 def _own_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +45,14 @@ def _own_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="Larger request bodies get 413 before parsing (default: %(default)s).",
+    )
+    group.add_argument(
+        "--request-body-timeout",
+        type=_seconds,
+        default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
+        metavar="S",
+        help="A request body not received whole within S seconds of its head gets 408 and the connection "
+        "is closed (0: no bound; default: %(default)s).",
     )
 
 
@@ -117,6 +133,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ),
         api_keys=_api_keys(args),
         max_request_bytes=args.max_request_bytes,
+        request_body_timeout_s=args.request_body_timeout,
         sse_keep_alive_s=args.sse_keep_alive_interval,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         prompt_tokens_details=args.enable_prompt_tokens_details,
