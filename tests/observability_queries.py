@@ -34,9 +34,32 @@ GRAFANA_BUILTINS = {"__rate_interval": "5m", "__interval": "1m", "__range": "1h"
 # Labels the Prometheus Operator puts on every series of a PodMonitor target (the PodMonitor's own
 # relabelings add more: tests read those from the manifest).
 OPERATOR_TARGET_LABELS = {"job", "instance", "namespace", "pod", "container", "endpoint"}
-# kube-state-metrics' pod deletion timestamp (docs/metrics/workload/pod-metrics.md there): the one
-# series the rules use that no decode-server process exposes.
-KUBE_STATE_METRICS = {"kube_pod_deletion_timestamp": {"labels": {"namespace", "pod", "uid"}, "values": {}}}
+# Series the rules read from the cluster, not from a decode-server process, with the labels their
+# exporters give them (each also carries its scrape's job and instance): kube-state-metrics'
+# (docs/metrics/workload/{pod,deployment,horizontalpodautoscaler}-metrics.md there; the values
+# its code sets for the enum-like labels used here) and the kubelet's cAdvisor working set.
+_POD = {"namespace", "pod", "uid", "job", "instance"}
+_CONTAINER = _POD | {"container"}
+_HPA = {"namespace", "horizontalpodautoscaler", "job", "instance"}
+KUBE_STATE_METRICS = {
+    "kube_pod_deletion_timestamp": {"labels": _POD, "values": {}},
+    "kube_pod_status_phase": {"labels": _POD | {"phase"}, "values": {"phase": {"Pending", "Running", "Succeeded", "Failed", "Unknown"}}},
+    "kube_pod_container_status_waiting_reason": {"labels": _CONTAINER | {"reason"}, "values": {"reason": {
+        "ContainerCreating", "CrashLoopBackOff", "CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff",
+        "CreateContainerError", "InvalidImageName"}}},
+    "kube_pod_container_status_restarts_total": {"labels": _CONTAINER, "values": {}},
+    "kube_pod_container_resource_limits": {"labels": _CONTAINER | {"node", "resource", "unit"}, "values": {
+        "resource": {"cpu", "memory", "ephemeral_storage", "nvidia_com_gpu"}}},
+    "kube_deployment_status_replicas_available": {"labels": {"namespace", "deployment", "job", "instance"}, "values": {}},
+    "kube_deployment_spec_replicas": {"labels": {"namespace", "deployment", "job", "instance"}, "values": {}},
+    "kube_horizontalpodautoscaler_status_current_replicas": {"labels": _HPA, "values": {}},
+    "kube_horizontalpodautoscaler_spec_max_replicas": {"labels": _HPA, "values": {}},
+    "kube_horizontalpodautoscaler_status_condition": {"labels": _HPA | {"condition", "status"}, "values": {
+        "condition": {"AbleToScale", "ScalingActive", "ScalingLimited"}, "status": {"true", "false", "unknown"}}},
+    # cAdvisor, through the kubelet (kube-prometheus-stack's job "kubelet", path /metrics/cadvisor).
+    "container_memory_working_set_bytes": {"labels": {"namespace", "pod", "container", "id", "image", "name", "job", "instance",
+                                                      "endpoint", "metrics_path", "node", "service"}, "values": {}},
+}
 
 
 @dataclass(frozen=True)
@@ -142,6 +165,18 @@ def grouping_labels(promql: str) -> set[str]:
     return found
 
 
+def replaced_labels(promql: str) -> set[str]:
+    """The destination labels of the query's label_replace calls."""
+    found: set[str] = set()
+
+    def visit(node):
+        if isinstance(node, promql_parser.Call) and node.func.name == "label_replace":
+            found.add(node.args[1].val)
+
+    promql_parser.walk(promql_parser.parse(promql), pre_visit=visit)
+    return found
+
+
 def code_label_values() -> dict[str, set[str]]:
     """The reasons (decode_server_rejections_total) and causes (decode_server_aborts_total) the
     server's code can record: strings that flow into a `reason` argument or variable, and first
@@ -205,6 +240,8 @@ def selector_problems(query: Query, exposed: dict[str, dict], target_labels: set
                 problems.append(f"{where}: label {m.name!r} is not on this series (it has {sorted(labels)})")
             elif m.name in values and m.value != ".*":
                 problems += [f"{where}: {p}" for p in value_problems(m.name, m.op, m.value, values[m.name])]
+    # label_replace(v, "dst", ...) makes dst a label of its result.
+    allowed_anywhere |= replaced_labels(query.promql)
     for label in sorted(grouping_labels(query.promql) - allowed_anywhere - {"le"}):
         problems.append(f"{query.where}: groups or matches on {label!r}, a label none of its series carries")
     return problems

@@ -395,9 +395,42 @@ def check_scaled_object(obj: dict) -> list[str]:
     return c.errors
 
 
+def check_service_monitor(obj: dict) -> list[str]:
+    """ServiceMonitor, monitoring.coreos.com/v1: the fields used, checked strictly. Its endpoints
+    take a Service port's name (port) or the pods' (targetPort), otherwise a PodMonitor's fields."""
+    c = _Checker()
+    c.keys(obj, "<root>", {"apiVersion", "kind", "metadata", "spec"}, {"metadata", "spec"})
+    c.metadata(obj)
+    spec = obj.get("spec")
+    allowed = {"selector", "endpoints", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels",
+               "sampleLimit", "targetLimit", "labelLimit", "attachMetadata"}
+    if not c.keys(spec, "spec", allowed, {"selector", "endpoints"}):
+        return c.errors
+    if c.keys(spec["selector"], "spec.selector", {"matchLabels", "matchExpressions"}) and "matchLabels" in spec["selector"]:
+        c.match_labels(spec["selector"]["matchLabels"], "spec.selector.matchLabels")
+    endpoints = spec["endpoints"]
+    if not isinstance(endpoints, list) or not endpoints:
+        c.errors.append("spec.endpoints: expected a non-empty list")
+        return c.errors
+    for i, ep in enumerate(endpoints):
+        where = f"spec.endpoints[{i}]"
+        if not c.keys(ep, where, (_POD_METRICS_ENDPOINT_FIELDS - {"portNumber"}) | {"targetPort"}):
+            continue
+        c.check("port" in ep or "targetPort" in ep, f"{where}: needs port (a Service port name) or targetPort")
+        if "port" in ep:
+            c.string(ep["port"], f"{where}.port", re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"), 15)
+        if "path" in ep:
+            c.check(isinstance(ep["path"], str) and ep["path"].startswith("/"), f"{where}.path: {ep['path']!r}")
+        for key in ("interval", "scrapeTimeout"):
+            if key in ep:
+                c.check(isinstance(ep[key], str) and bool(_DURATION.match(ep[key])), f"{where}.{key}: {ep[key]!r}")
+    return c.errors
+
+
 CUSTOM_RESOURCES = {
     ("inference.networking.k8s.io/v1", "InferencePool"): check_inference_pool,
     ("monitoring.coreos.com/v1", "PodMonitor"): check_pod_monitor,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): check_service_monitor,
     ("monitoring.coreos.com/v1", "PrometheusRule"): check_prometheus_rule,
     ("keda.sh/v1alpha1", "ScaledObject"): check_scaled_object,
 }
@@ -615,6 +648,12 @@ def test_labels_and_selectors_line_up(directory):
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
             for d in pods:
                 assert endpoint["port"] in port_numbers(d), f"PodMonitor port {endpoint['port']} not on Deployment/{d['metadata']['name']}"
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        services = [s for s in of_kind(docs, "Service") if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"].get("labels", {}))]
+        assert len(services) == 1, f"ServiceMonitor/{monitor['metadata']['name']} selects {len(services)} Services"
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in {p.get("name") for p in services[0]["spec"]["ports"]}, \
+                f"ServiceMonitor port {endpoint['port']} not on Service/{services[0]['metadata']['name']}"
     for pool in of_kind(docs, "InferencePool"):
         assert {d["metadata"]["name"] for d in matched(pool["spec"]["selector"]["matchLabels"])} == {
             d["metadata"]["name"] for d in server_deployments(docs)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests import exposed_metrics
-from tests.deploy_render import BASE, MONITORING, Composition, of_kind, pod_labels, render
+from tests.deploy_render import BASE, LLM_D, MONITORING, Composition, of_kind, pod_labels, render
 from tests.observability_queries import (
     HPA, KEDA, KUBE_STATE_METRICS, OPERATOR_TARGET_LABELS, ROOT, Query, adapter_queries, alerts, all_queries,
     code_label_values, dashboard_queries, keda_queries, load_dashboard, promtool, rule_groups, selector_problems,
@@ -59,7 +59,15 @@ def target_values() -> dict[str, set[str]]:
     (endpoint,) = pod_monitor()["spec"]["podMetricsEndpoints"]
     (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
     pools = {pod_labels(d)["llm-d.ai/role"] for d in of_kind(render(BASE), "Deployment")}
-    return {"job": {job}, "pool": pools}
+    return {"job": {job, epp_job()}, "pool": pools}
+
+
+def epp_job() -> str:
+    """The job the llm-d overlay's ServiceMonitor gives the EPP's series (DecodeServerEPPDown's)."""
+    (monitor,) = of_kind(render(LLM_D), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+    return job
 
 
 def problems_of(queries: list[Query], exposed: dict) -> list[str]:
@@ -113,6 +121,8 @@ def test_the_selector_check_is_live(exposed):
         Query("vllm value", 'vllm:num_requests_waiting_by_reason{reason="queue"}'),
         Query("grouping", 'sum by (pol) (vllm:kv_cache_usage_perc)'),
         Query("kube-state-metrics", 'kube_pod_deletion_timestamp{pool="decode"}'),
+        Query("kube-state-metrics value", 'kube_pod_status_phase{phase="pending"}'),
+        Query("label_replace elsewhere", 'sum by (pool) (label_replace(kube_pod_status_phase, "role", "$1", "pod", "(.*)"))'),
     ]
     found = problems_of(wrong, exposed)
     assert {p.split(":")[0] for p in found} == {q.where for q in wrong}, found
@@ -241,7 +251,7 @@ def test_the_schema_check_rejects_a_broken_dashboard(dashboard_problems, what, b
 def test_autoscalers_read_what_the_pod_monitor_scrapes():
     """KEDA's queries select the decode pool by the job and pool labels the PodMonitor sets; the
     HPA asks for exactly the metric names prometheus-adapter's rules serve, from vLLM's series."""
-    job = target_values()["job"]
+    job = target_values()["job"] - {epp_job()}
     decode_pool = {pod_labels(d)["llm-d.ai/role"] for d in of_kind(render(BASE), "Deployment") if d["metadata"]["name"] == "decode-server-decode"}
     for q in keda_queries():
         (sel,) = selectors(q.promql)

@@ -37,6 +37,18 @@ NOT_FIRED_HERE = {
     "DecodeServerQueueSaturated": "vLLM's scheduler waiting for capacity: the scripted engine has no capacity limit",
     "DecodeServerKVCacheFull": "a KV cache over 95 % full: the scripted engine has no KV cache",
     "DecodeServerDrainOverran": "kube-state-metrics' pod deletion timestamp: no Kubernetes here",
+    # kube-state-metrics' and cAdvisor's series (no Kubernetes here); their promtool scenarios in
+    # tests/test_alert_rules.py are what checks them.
+    "DecodeServerCrashLooping": "kube-state-metrics' container restarts and waiting reason: no Kubernetes here",
+    "DecodeServerPodsPending": "kube-state-metrics' pod phase: no Kubernetes here",
+    "DecodeServerPoolUnavailable": "kube-state-metrics' Deployment replicas: no Kubernetes here",
+    "DecodeServerMemoryNearLimit": "cAdvisor's working set and kube-state-metrics' limits: no Kubernetes here",
+    "DecodeServerEPPDown": "llm-d's EPP: none runs here",
+    "DecodeServerAutoscalerMaxedOut": "kube-state-metrics' HPA replicas: no Kubernetes here",
+    "DecodeServerAutoscalerFailing": "kube-state-metrics' HPA conditions: no Kubernetes here",
+    "DecodeServerTTFTSLO": "5% of first tokens after 2.5 s: the scripted engine answers at once, and a held request that long "
+                           "would be most of this short run's requests",
+    "DecodeServerITLSLO": "5% of inter-token gaps over 100 ms: the scripted engine emits tokens without delay",
 }
 BAD_REQUESTS = 60  # a rejection rate over 0.1/s on a 5 minute window
 
