@@ -3,8 +3,9 @@
 A tree is a kustomization directory, or a `Composition`: an overlay plus a kustomize Component
 (deploy/components/), rendered through a generated overlay that lists both. Rendering uses
 kustomize (`kustomize build`, else `kubectl kustomize`); without either, a kustomization that only
-lists `resources` and unhashed `configMapGenerator` files is assembled by hand (the base and
-deploy/observability are kept that way on purpose) and anything else is skipped, naming why.
+lists `resources` and unhashed `configMapGenerator` files is assembled by hand (deploy/observability
+is kept that way on purpose) and anything else is skipped, naming why (the base too: it lists the
+model component, deploy/components/model-qwen3).
 """
 
 from __future__ import annotations
@@ -43,12 +44,19 @@ MONITORING = DEPLOY / "components" / "monitoring"
 
 
 def _listed_components(tree: Path) -> set[Path]:
+    """The components a tree applies: its own and those of the trees it builds on (the base lists
+    components/model-qwen3, so every overlay has it)."""
     kust = yaml.safe_load((tree / "kustomization.yaml").read_text())
-    return {(tree / c).resolve() for c in kust.get("components", [])}
+    listed = {(tree / c).resolve() for c in kust.get("components", [])}
+    for entry in kust.get("resources", []):
+        if (tree / entry / "kustomization.yaml").is_file():
+            listed |= _listed_components(tree / entry)
+    return listed
 
 
 # Each opt-in component (deploy/components/) on the trees that run pools, where the tree does not
-# list it already (the llm-d overlay has monitoring), and monitoring on the cpu demo (opt-in there).
+# apply it already (the llm-d overlay has monitoring, every tree the base's model-qwen3), and
+# monitoring on the cpu demo (opt-in there).
 COMPOSITIONS = [
     Composition(o, c) for c in COMPONENTS if c.parent == DEPLOY / "components" for o in (BASE, LLM_D)
     if c.resolve() not in _listed_components(o)

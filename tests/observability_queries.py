@@ -134,9 +134,14 @@ def adapter_queries() -> list[Query]:
     return out
 
 
+def keda_scaled_objects() -> list[dict]:
+    """The keda-autoscaling component's ScaledObjects (one per pool)."""
+    return [d for d in yaml.safe_load_all(KEDA.read_text()) if d]
+
+
 def keda_queries() -> list[Query]:
-    scaled = yaml.safe_load(KEDA.read_text())
-    return [Query(f"ScaledObject trigger {t['name']}", t["metadata"]["query"]) for t in scaled["spec"]["triggers"]]
+    return [Query(f"ScaledObject {s['metadata']['name']} trigger {t['name']}", t["metadata"]["query"])
+            for s in keda_scaled_objects() for t in s["spec"]["triggers"]]
 
 
 def all_queries() -> list[Query]:

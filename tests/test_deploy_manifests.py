@@ -3,9 +3,10 @@ things the server relies on (probes, drain, pool flags, HA, llm-d wiring). Start
 
 Rendering (tests/deploy_render.py) uses kustomize (`kustomize build`, else `kubectl kustomize`).
 Without either, a kustomization that only lists `resources` (and unhashed generated ConfigMaps) is
-assembled by hand (the base and deploy/observability are kept that way on purpose) and one that
-needs kustomize's transformers (the overlays, the components) is skipped. Each component under
-deploy/components/ is rendered on top of the base and of the llm-d overlay.
+assembled by hand (deploy/observability is kept that way on purpose) and one that needs
+kustomize's transformers (the base with its model component, the overlays, the components) is
+skipped. Each opt-in component under deploy/components/ is rendered on top of the base and of the
+llm-d overlay.
 
 Validation uses kubernetes-validate, which bundles the Kubernetes JSON schemas in its wheel, so
 nothing is fetched. Strict schemas: an unknown or misspelt field is an error, not ignored.
@@ -596,9 +597,9 @@ def test_no_stray_manifest_files():
         assert not {"apiVersion", "kind"} & set(yaml.safe_load(path.read_text())), f"{path} is a manifest: list it in a kustomization"
 
 
-@pytest.mark.parametrize("directory", [BASE, OBSERVABILITY], ids=tree_id)
+@pytest.mark.parametrize("directory", [OBSERVABILITY], ids=tree_id)
 def test_by_hand_render_matches_kustomize(directory):
-    """The no-kustomize fallback renders the base and deploy/observability exactly as kustomize does."""
+    """The no-kustomize fallback renders deploy/observability exactly as kustomize does."""
     if kustomize_cmd() is None:
         pytest.skip("no kustomize or kubectl")
 
@@ -838,12 +839,13 @@ def component_kinds(component: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("tree", COMPOSITIONS, ids=tree_id)
-def test_autoscalers_own_the_decode_pool(tree):
-    """With an autoscaling component, one autoscaler owns the decode pool's replicas: the Deployment
-    sets none (an apply would reset the pool to it), at least the base's two pods stay (the PDB lets
-    one go at a time), and the pool scales in one pod per policy period, each period at least a
-    pod's grace period, so a pod drains before the next goes. A component that adds no autoscaler
-    leaves every Deployment's replicas as the overlay sets them, and no autoscaler appears."""
+def test_autoscalers_own_their_pools(tree):
+    """With an autoscaling component, one autoscaler owns the decode pool's replicas (KEDA's
+    component the prefill pool's too): a scaled Deployment sets none (an apply would reset the pool
+    to it), at least the base's two pods stay (the PDB lets one go at a time), and the pool scales in
+    one pod per policy period, each period at least a pod's grace period, so a pod drains before the
+    next goes. A pool without an autoscaler keeps its two replicas. A component that adds no
+    autoscaler leaves every Deployment's replicas as the overlay sets them, and no autoscaler appears."""
     docs = render(tree)
     if not component_kinds(tree.component) & AUTOSCALER_KINDS:
         assert autoscalers(docs) == []
@@ -851,19 +853,26 @@ def test_autoscalers_own_the_decode_pool(tree):
         rendered = {d["metadata"]["name"]: d["spec"].get("replicas") for d in of_kind(docs, "Deployment")}
         assert {name: rendered[name] for name in overlay} == overlay
         return
-    decode = named(docs, "Deployment", "decode-server-decode")
-    prefill = named(docs, "Deployment", "decode-server-prefill")
-    assert "replicas" not in decode["spec"], "the autoscaler owns the decode pool's replicas"
-    assert prefill["spec"]["replicas"] == 2, "the prefill pool is not scaled here"
-    (scaler,) = autoscalers(docs)
-    low, high = replica_bounds(docs, decode)
-    assert 2 <= low < high
-    spec = scaler["spec"]
-    behavior = spec["behavior"] if scaler["kind"] == "HorizontalPodAutoscaler" else spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    grace = pod_spec(decode)["terminationGracePeriodSeconds"]
-    for policy in behavior["scaleDown"]["policies"]:
-        assert policy["type"] == "Pods" and policy["value"] == 1 and policy["periodSeconds"] >= grace, policy
-    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= grace
+    scaled = {a["spec"]["scaleTargetRef"]["name"]: a for a in autoscalers(docs)}
+    assert len(scaled) == len(autoscalers(docs)), "one autoscaler per pool"
+    assert "decode-server-decode" in scaled
+    if "ScaledObject" in component_kinds(tree.component):
+        assert set(scaled) == {"decode-server-decode", "decode-server-prefill"}, "KEDA scales both pools"
+    for pool in server_deployments(docs):
+        name = pool["metadata"]["name"]
+        if name not in scaled:
+            assert pool["spec"]["replicas"] == 2, f"{name} is not scaled here"
+            continue
+        assert "replicas" not in pool["spec"], f"the autoscaler owns {name}'s replicas"
+        low, high = replica_bounds(docs, pool)
+        assert 2 <= low < high
+        scaler = scaled[name]
+        spec = scaler["spec"]
+        behavior = spec["behavior"] if scaler["kind"] == "HorizontalPodAutoscaler" else spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        grace = pod_spec(pool)["terminationGracePeriodSeconds"]
+        for policy in behavior["scaleDown"]["policies"]:
+            assert policy["type"] == "Pods" and policy["value"] == 1 and policy["periodSeconds"] >= grace, policy
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= grace
 
 
 def test_base_ha_defaults():
@@ -1114,7 +1123,7 @@ def serve_parser():
 def _all_server_deployments():
     out = []
     for directory in [*KUSTOMIZATIONS, *COMPOSITIONS]:
-        if directory != BASE and kustomize_cmd() is None:
+        if kustomize_cmd() is None:
             continue
         out += [(directory, d) for d in server_deployments(render(directory))]
     return out

@@ -20,7 +20,7 @@ import yaml
 from tests import exposed_metrics
 from tests.deploy_render import BASE, LLM_D, MONITORING, Composition, of_kind, pod_labels, render
 from tests.observability_queries import (
-    HPA, KEDA, KUBE_STATE_METRICS, OPERATOR_TARGET_LABELS, ROOT, Query, adapter_queries, alerts, all_queries,
+    HPA, KUBE_STATE_METRICS, OPERATOR_TARGET_LABELS, ROOT, Query, adapter_queries, alerts, all_queries, keda_scaled_objects,
     code_label_values, dashboard_queries, keda_queries, load_dashboard, promtool, rule_groups, selector_problems,
     selectors,
 )
@@ -249,22 +249,26 @@ def test_the_schema_check_rejects_a_broken_dashboard(dashboard_problems, what, b
 
 
 def test_autoscalers_read_what_the_pod_monitor_scrapes():
-    """KEDA's queries select the decode pool by the job and pool labels the PodMonitor sets; the
-    HPA asks for exactly the metric names prometheus-adapter's rules serve, from vLLM's series."""
+    """Each ScaledObject's queries select its own pool (the Deployment it scales) by the job and pool
+    labels the PodMonitor sets, and count capacity waits only; the HPA asks for exactly the metric
+    names prometheus-adapter's rules serve, from vLLM's series."""
     job = target_values()["job"] - {epp_job()}
-    decode_pool = {pod_labels(d)["llm-d.ai/role"] for d in of_kind(render(BASE), "Deployment") if d["metadata"]["name"] == "decode-server-decode"}
-    for q in keda_queries():
-        (sel,) = selectors(q.promql)
-        matchers = {m.name: m.value for m in sel.matchers.matchers}
-        assert {matchers["job"]} == job and {matchers["pool"]} == decode_pool, q
-        assert sel.name in ("vllm:num_requests_waiting_by_reason", "vllm:kv_cache_usage_perc")
-        if sel.name == "vllm:num_requests_waiting_by_reason":  # capacity waits only, as DecodeServerQueueSaturated
-            assert matchers["reason"] == "capacity", q
+    role = {d["metadata"]["name"]: pod_labels(d)["llm-d.ai/role"] for d in of_kind(render(BASE), "Deployment")}
+    scaled_objects = keda_scaled_objects()
+    assert sorted(s["spec"]["scaleTargetRef"]["name"] for s in scaled_objects) == sorted(role), "one ScaledObject per pool"
+    for scaled in scaled_objects:
+        pool = role[scaled["spec"]["scaleTargetRef"]["name"]]
+        for t in scaled["spec"]["triggers"]:
+            (sel,) = selectors(t["metadata"]["query"])
+            matchers = {m.name: m.value for m in sel.matchers.matchers}
+            assert {matchers["job"]} == job and matchers["pool"] == pool, (scaled["metadata"]["name"], t)
+            assert sel.name in ("vllm:num_requests_waiting_by_reason", "vllm:kv_cache_usage_perc")
+            if sel.name == "vllm:num_requests_waiting_by_reason":  # capacity waits only, as DecodeServerQueueSaturated
+                assert matchers["reason"] == "capacity", t
     served = {q.where.split()[-1]: selectors(q.promql)[0].name for q in adapter_queries() if "seriesQuery" in q.where}
     assert served == {"vllm_num_requests_waiting": "vllm:num_requests_waiting_by_reason", "vllm_kv_cache_usage_perc": "vllm:kv_cache_usage_perc"}
     (waiting,) = [q for q in adapter_queries() if q.where == "adapter metricsQuery vllm_num_requests_waiting"]
     assert 'reason="capacity"' in waiting.promql
     hpa = yaml.safe_load(HPA.read_text())
     assert {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]} == set(served)
-    scaled = yaml.safe_load(KEDA.read_text())
-    assert scaled["spec"]["scaleTargetRef"]["name"] == hpa["spec"]["scaleTargetRef"]["name"] == "decode-server-decode"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "decode-server-decode"
