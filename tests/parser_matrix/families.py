@@ -145,7 +145,6 @@ class Case:
     lost_call: str | None = None
 
 
-MULTI_TOKEN_CASES = ("reasoning_then_content", "reasoning_then_two_calls", "call_cut_by_length")
 STOP_STRINGS = "vllm-differences.md#derender-stop-string-alignment"
 
 

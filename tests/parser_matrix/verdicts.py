@@ -103,14 +103,6 @@ BY_HAND: dict[tuple[str, str], str] = {
         "reads output without `</ifm|think>` or a call as content); the streaming parser sends it as "
         "reasoning while no end marker has come, and never moves it"
     ),
-    ("poolside_v1:poolside_v1+poolside_v1", "stop_string_inside_markup"): (
-        "batch is right: the stop string ends the output inside the call, so there is no call; the "
-        "stream has also sent `<think>` as reasoning text"
-    ),
-    ("deepseek_v3:deepseek_v3+deepseek_r1", "stop_string_inside_markup"): (
-        "batch is right: the stop string ends the output inside the call, so there is no call; the "
-        "stream has also sent `<think>` as reasoning text, though the prompt already opened reasoning"
-    ),
 }
 
 
