@@ -19,7 +19,7 @@ from tests.inprocess import serve_args
 from decode_server.process.cli import server_config
 from decode_server.process.parser_check import parser_refusal
 from tests.parser_matrix import families as fm
-from tests.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY, SWEEP, registered, sweep_cases
+from tests.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY, SWEEP, registered, stale, sweep_cases, unplaced
 from tests.parser_matrix.harness import Pair, Side, pair
 from tests.parser_matrix.models import family_model
 from tests.parser_matrix import report
@@ -160,17 +160,29 @@ async def test_sweep_parser_matches_vllms_chat(family_dir, config):
 
 def test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason():
     tools, reasonings = registered()
-    rows = [*fm.ROWS, *fm.OPEN]  # an open row states its observed failure (families.OPEN)
-    in_rows = {("tool", r.tool_parser) for r in rows} | {("reasoning", r.reasoning_parser) for r in rows}
-    in_sweep = {("tool", t) for t, _ in SWEEP} | {("reasoning", r) for _, r in SWEEP}
-    for kind, names in (("tool", tools), ("reasoning", reasonings)):
-        for name in names:
-            assert (kind, name) in in_rows | in_sweep | set(LISTED), f"{kind} parser {name!r} is neither in the matrix nor listed"
-    stale = [k for k in LISTED if k[1] not in (tools if k[0] == "tool" else reasonings)]
-    assert not stale, f"listed but no longer registered: {stale}"
+    assert not unplaced(tools, reasonings), f"vLLM {fm.LINE} registers parsers in no row, not swept, not listed: {unplaced(tools, reasonings)}"
+    assert not stale(tools, reasonings, fm.LINE), f"placed but not registered on vLLM {fm.LINE}: {stale(tools, reasonings, fm.LINE)}"
 
 
-@pytest.mark.parametrize("key", sorted(REFUSED_ON_THE_DEMO_VOCABULARY), ids=lambda k: f"{k[0]}:{k[1]}")
+def test_a_parser_a_new_vllm_registers_fails_the_completeness_check(monkeypatch):
+    """The check reads the registries themselves: a name added there, in no row, is named."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for manager in (ToolParserManager, ReasoningParserManager):
+        listed = manager.list_registered
+        monkeypatch.setattr(manager, "list_registered", lambda listed=listed: [*listed(), "planted_by_the_test"])
+    with pytest.raises(AssertionError, match="'planted_by_the_test'") as failed:
+        test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason()
+    assert "('tool', 'planted_by_the_test')" in str(failed.value) and "('reasoning', 'planted_by_the_test')" in str(failed.value)
+
+
+def _registered_here(key: tuple[str, str]) -> bool:
+    tools, reasonings = registered()
+    return key[1] in (tools if key[0] == "tool" else reasonings)
+
+
+@pytest.mark.parametrize("key", sorted(filter(_registered_here, REFUSED_ON_THE_DEMO_VOCABULARY)), ids=lambda k: f"{k[0]}:{k[1]}")
 def test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_reason(family_dir, demo_tokenizer, key):
     """What `decode-server serve` says before starting an engine when the served vocabulary lacks the
     parser's tokens: one line, the flag and vLLM's reason (a listed parser is one of these)."""

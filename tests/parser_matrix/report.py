@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.chat_cases import without_ids
+from tests.parser_matrix.coverage import NEW_IN_033, REFUSED_ON_THE_DEMO_VOCABULARY
+from tests.parser_matrix.families import ALL_ROWS
 from tests.parser_matrix.verdicts import finish_verdict, verdict
 
 PASSED: dict[str, set[str]] = {}
@@ -153,6 +155,20 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         out.append(f"| {kind} | {name} | {reason} |")
     if not listed:
         out[-2:] = ["None: every registered parser constructs on a family's vocabulary (a family row) or on the demo's (the sweep)."]
+    out += [
+        "",
+        "## Refused at start-up on the demo vocabulary (asserted on each line that registers the name)",
+        "",
+        "`decode-server serve` with the flag on a vocabulary without the parser's tokens stops before an engine",
+        "starts, with vLLM's reason (`test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_reason`).",
+        "",
+        "| kind | parser | lines | vLLM says | its family row |",
+        "|---|---|---|---|---|",
+    ]
+    for (kind, name), reason in sorted(REFUSED_ON_THE_DEMO_VOCABULARY.items()):
+        lines = "0.33" if (kind, name) in NEW_IN_033 else "0.32, 0.33"
+        homes = [r.id for r in ALL_ROWS if (r.tool_parser if kind == "tool" else r.reasoning_parser) == name]
+        out.append(f"| {kind} | {name} | {lines} | {reason} | {', '.join(homes) or '—'} |")
     out += ["", "## Refused by vLLM's render server (asserted; no decode server sees these requests)", ""]
     out += [f"- **{row}**, `{case}`: {message}" for (row, case), message in sorted(REFUSED.items())] or ["None."]
     out += ["", "## A stop string made vLLM's stream lose a call (asserted; finish_reason `stop` there, ours `tool_calls`)", ""]
