@@ -86,10 +86,6 @@ BY_HAND: dict[tuple[str, str], str] = {
         "stream is right: the model wrote ` Done.` after the calls; vLLM's batch parser keeps only the "
         "text before `<｜tool▁calls▁begin｜>` and drops what follows `<｜tool▁calls▁end｜>`"
     ),
-    ("deepseek_v3:deepseek_v31+deepseek_v3", "reasoning_then_two_calls"): (
-        "batch is right: the arguments are complete JSON in the script; vLLM's streaming parser for "
-        "the V3.1 format withholds each call's last characters (the end of `東京\"}`) and never sends them"
-    ),
     ("jamba:jamba+-", "reasoning_then_two_calls"): (
         "batch is right: the call list is complete JSON in the script; vLLM's streaming jamba parser "
         "never sends the last call's closing `\"` and `}`, so the streamed arguments are not valid JSON"

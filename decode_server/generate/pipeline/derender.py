@@ -70,7 +70,7 @@ def derender(
 async def derender_stream(
     steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams
 ) -> AsyncIterator[Step]:
-    """Streaming: parse_delta per engine delta; a role-only chunk opens each choice."""
+    """Streaming: parse_delta per token, one delta per engine output; a role-only chunk opens each choice."""
     if plan.request is None:
         async for step in _plain_stream(steps, plan):
             yield step
