@@ -23,6 +23,7 @@ from tests.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY,
 from tests.parser_matrix.harness import Pair, Side, pair
 from tests.parser_matrix.models import family_model
 from tests.parser_matrix import report
+from tests.parser_matrix.verdicts import BY_HAND
 
 pytestmark = pytest.mark.anyio
 
@@ -144,6 +145,10 @@ async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: 
             unmerged = await _run(p, row.id, case, n, interval)
             await _any_chunking(p, row.id, case, unmerged)
         report.composed(row.id, p.vllm.app.state.openai_serving_chat.parser_cls)
+    # A verdict judged by hand is kept only while a case needs it (a fixed parser, or a fixed stream
+    # of ours, leaves it judging nothing).
+    unused = [case for r, case in BY_HAND if r == row.id and (r, case) not in report.RECORDED]
+    assert not unused, f"{row.id}: by-hand verdicts no case needs on vLLM {fm.LINE} (tests/parser_matrix/verdicts.py): {unused}"
     report.passed(row.id, f"interval{interval}-n{n}")
     report.passed(row.id, "any-chunking")
 
