@@ -53,10 +53,12 @@ class Row:
     # stop_string_inside_markup and so finishes with `stop`, where ours streamed the call.
     stop_string_loses_call: str | None = None
     lines: tuple[str, ...] = ("0.32", "0.33")  # the vLLM lines that register its parsers
+    variant: str = ""  # tells apart two rows of the same parsers served another way (a mode)
 
     @property
     def id(self) -> str:
-        return f"{self.family}:{self.tool_parser or '-'}+{self.reasoning_parser or '-'}"
+        parsers = f"{self.family}:{self.tool_parser or '-'}+{self.reasoning_parser or '-'}"
+        return f"{parsers}/{self.variant}" if self.variant else parsers
 
     @property
     def flags(self) -> list[str]:
@@ -82,6 +84,17 @@ ALL_ROWS = [
     Row("qwen3", "qwen3_xml", "qwen3", "qwen3_coder"),
     Row("deepseek_v3", "deepseek_v3", "deepseek_r1", "deepseek_v3", thinking_switch=False),
     Row("deepseek_v3", "deepseek_v31", "deepseek_v3", "deepseek_v31"),
+    # V3.1's thinking mode: vLLM's deepseek_v3 reasoning parser reads reasoning only when the
+    # request (or the server's defaults) says `thinking`; off, the think block is content.
+    Row(
+        "deepseek_v3",
+        "deepseek_v31",
+        "deepseek_v3",
+        "deepseek_v31",
+        variant="thinking",
+        thinking_off=(("thinking", False),),
+        serve_flags=("--default-chat-template-kwargs", '{"thinking": true}'),
+    ),
     Row("kimi_k2", "kimi_k2", "kimi_k2", "kimi_k2"),
     Row("glm45", "glm45", "glm45", "glm45"),
     Row("glm45", "glm47", "glm47", "glm47"),
