@@ -191,7 +191,7 @@ def test_derender_matches_coupled_chat(server, vllm_server, tokenizer, batch_ans
 
 def test_a_stop_string_does_not_bend_the_streamed_tool_call(server, vllm_server, tokenizer):
     """The engine holds stop-buffer text back but not token ids; our parser sees them in step
-    (decode_server/generate/pipeline/token_aligned_text.py), so a stop string that never matches leaves
+    (decode_server/generate/pipeline/token_aligned_text.py, one id at a time), so a stop string that never matches leaves
     the streamed message as it is without one. vLLM 0.32's coupled chat streams tag text as
     content here (docs/vllm-differences.md); its batch message is the oracle for the call."""
     text = "<think>\nI should call the tool.\n</think>\n\n" + cc.call("get_weather", {"city": "Paris"})

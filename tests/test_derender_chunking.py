@@ -4,7 +4,8 @@ No engine here: the deltas are what vLLM's own detokenizer releases for the requ
 buffer holds text back, token ids are not held), merged at random step boundaries the way
 AsyncLLM's output collector merges the steps a busy frontend has not read yet. They go
 through the real pipeline stages (`token_steps`, `derender_stream`) with vLLM's qwen3 + hermes
-parsers. The engine-backed check is in tests/test_derender.py.
+parsers (granite's reasoning parser for merged steps). The engine-backed checks are in
+tests/test_derender.py and, per parser family against coupled chat, tests/test_parser_matrix.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from decode_server.config import DerenderConfig
 from decode_server.generate.pipeline import derender
 from decode_server.generate.pipeline.derender_plan import Derenderer
+from decode_server.generate.pipeline.token_text_ends import MergedSteps
 from decode_server.generate.pipeline.tokens import token_steps
 from tests import chat_cases as cc
 
@@ -39,11 +41,24 @@ def vllm_tokenizer(demo_model):
     return get_tokenizer(str(demo_model))
 
 
+# Granite's format (vLLM's granite reasoning parser: plain text, no special tokens).
+GRANITE_TEXT = "Here is my thought process:\nWeigh it — carefully.\nHere is my response:\nIt is sunny in Zürich."
+
+
+def _derenderer(tokenizer: Any, demo_model: Any, reasoning: str, tool: str | None) -> Derenderer:
+    config = DerenderConfig(reasoning_parser=reasoning, tool_call_parser=tool, enable_auto_tool_choice=tool is not None)
+    model_config = SimpleNamespace(model=str(demo_model), hf_config=SimpleNamespace(model_type="qwen3"))
+    return Derenderer(config, tokenizer, model_config)
+
+
 @pytest.fixture(scope="module")
 def derenderer(vllm_tokenizer, demo_model):
-    config = DerenderConfig(reasoning_parser="qwen3", tool_call_parser="hermes", enable_auto_tool_choice=True)
-    model_config = SimpleNamespace(model=str(demo_model), hf_config=SimpleNamespace(model_type="qwen3"))
-    return Derenderer(config, vllm_tokenizer, model_config)
+    return _derenderer(vllm_tokenizer, demo_model, "qwen3", "hermes")
+
+
+@pytest.fixture(scope="module")
+def granite(vllm_tokenizer, demo_model):
+    return _derenderer(vllm_tokenizer, demo_model, "granite", None)
 
 
 def _engine_deltas(tokenizer: Any, ids: list[int], sp: SamplingParams, cuts: list[int]) -> list[RequestOutput]:
@@ -124,3 +139,34 @@ def test_without_the_alignment_vllms_parsers_misroute_held_back_text(derenderer,
     sp = SamplingParams(stop=["zzzz"])
     messages = _messages(derenderer, vllm_tokenizer, ids, sp, _chunkings(len(ids), 40, seed=3))
     assert any(m["content"] != "\n\n" for m in messages)
+
+
+@pytest.mark.parametrize("text", [TOOL_TEXT, CONTENT_TEXT], ids=["tool_call", "content"])
+def test_merged_engine_steps_give_the_unmerged_message(derenderer, vllm_tokenizer, text):
+    """AsyncLLM merges the steps a slow reader has not taken, a client sets stream_interval: the
+    parser is still fed one id at a time, and each step's deltas go out as one."""
+    ids = cc.script_for(vllm_tokenizer, text) + [EOS]
+    chunkings = _chunkings(len(ids), 40, seed=7)
+    messages = _messages(derenderer, vllm_tokenizer, ids, SamplingParams(), chunkings)
+    assert messages[0]["reasoning"] and (messages[0]["tool_calls"] or messages[0]["content"])
+    for cuts, message in zip(chunkings, messages):
+        assert message == messages[0], f"chunk ends {cuts}"
+
+
+def test_merged_steps_keep_granites_reasoning(granite, vllm_tokenizer):
+    ids = cc.script_for(vllm_tokenizer, GRANITE_TEXT) + [EOS]
+    chunkings = _chunkings(len(ids), 40, seed=5)
+    messages = _messages(granite, vllm_tokenizer, ids, SamplingParams(), chunkings)
+    assert "Weigh it — carefully." in messages[0]["reasoning"] and "It is sunny in Zürich." in messages[0]["content"]
+    for cuts, message in zip(chunkings, messages):
+        assert message == messages[0], f"chunk ends {cuts}"
+
+
+def test_fed_merged_steps_whole_granites_parser_loses_the_reasoning(granite, vllm_tokenizer, monkeypatch):
+    """What cutting merged steps per id is for (vLLM 0.32): its granite parser, fed several ids
+    at once, misroutes the reasoning for some chunkings. If a vLLM upgrade makes every parser
+    safe on merged deltas this fails, and the cutting can go."""
+    monkeypatch.setattr(MergedSteps, "pieces", lambda self, text, token_ids: None)
+    ids = cc.script_for(vllm_tokenizer, GRANITE_TEXT) + [EOS]
+    messages = _messages(granite, vllm_tokenizer, ids, SamplingParams(), _chunkings(len(ids), 40, seed=5))
+    assert any(m != messages[0] for m in messages[1:])

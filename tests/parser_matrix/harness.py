@@ -115,6 +115,11 @@ class Pair:
             **{k: gen[k] for k in ("reasoning_ended", "reasoning_parser_kwargs") if gen.get(k) is not None},
         }
 
+    async def ours_streamed(self, request: dict[str, Any]) -> Side:
+        """Our stream alone for a generate request (its batch left empty): a client's own
+        `stream_interval` or stop strings on what `derender_request` gave."""
+        return Side({}, _stream_side(await _sse(self.ours, GENERATE, request)))
+
     async def render_error(self, chat: dict[str, Any]) -> tuple[int, str]:
         """(status, message) of vLLM's render refusing `chat`."""
         r = await self.vllm.client.post(CHAT + "/render", json=cc.chat_body(**chat))

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.chat_cases import without_ids
+from tests.parser_matrix.coverage import NEW_IN_033, REFUSED_ON_THE_DEMO_VOCABULARY
+from tests.parser_matrix.families import ALL_ROWS
 from tests.parser_matrix.verdicts import finish_verdict, verdict
 
 PASSED: dict[str, set[str]] = {}
@@ -99,8 +101,9 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "",
         "## Family rows (the family's tokens and its own output format)",
         "",
-        "Every row runs every case at interval 1 with n=1, and at interval 4 with n=2 the cases whose",
-        "markup spans several tokens (reasoning then content, two calls, a call cut by `length`).",
+        "Every row runs every case at interval 1 with n=1 against vLLM; then our stream of the same case",
+        "under a client's `stream_interval` 2, 3 and 7 (and 4 with n=2), with and without a stop string",
+        "that never matches, against that unmerged stream ([why](vllm-differences.md#derender-merged-steps)).",
         "Family tokenizers: decode_server/tools/family_tokenizers.py; gpt_oss is o200k_base (from the",
         "`bpe-openai` package, hash-checked as openai_harmony checks it) with harmony's special tokens",
         "(decode_server/tools/harmony_model.py): vLLM renders and parses it with openai_harmony;",
@@ -113,17 +116,19 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "",
         "Columns: **stream** — the folded stream equals vLLM's; **chunks** — every streamed delta equals",
         "vLLM's, in order; **batch** — the batch message and finish_reason equal vLLM's; **stream = batch**",
-        "— our folded stream equals our batch answer. A ✓ holds at interval 1 with n=1 and at interval 4 with n=2.",
+        "— our folded stream equals our batch answer; **any chunking** — every merged or held-back stream",
+        "folds to the unmerged stream's message and finish_reason.",
         "",
-        "| family tokenizer | tool parser | reasoning parser | vLLM's parser class | stream | chunks | batch | stream = batch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| family tokenizer | tool parser | reasoning parser | vLLM's parser class | stream | chunks | batch | stream = batch | any chunking |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        proven = {"interval1-n1", "interval4-n2"} <= PASSED.get(r.id, set())
+        proven = "interval1-n1" in PASSED.get(r.id, set())
         stream = _stream_cell(r.id) if proven else "not run"
         out.append(
             f"| {_family_cell(r)} | {r.tool_parser or '—'} | {r.reasoning_parser or '—'} | {COMPOSED.get(r.id, 'not run')} "
-            f"| {stream} | {stream} | {'✓' if proven else 'not run'} | {_agreement_cell(r.id) if proven else 'not run'} |"
+            f"| {stream} | {stream} | {'✓' if proven else 'not run'} | {_agreement_cell(r.id) if proven else 'not run'} "
+            f"| {_cell(r.id, 'any-chunking')} |"
         )
     out += [
         "",
@@ -150,6 +155,20 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         out.append(f"| {kind} | {name} | {reason} |")
     if not listed:
         out[-2:] = ["None: every registered parser constructs on a family's vocabulary (a family row) or on the demo's (the sweep)."]
+    out += [
+        "",
+        "## Refused at start-up on the demo vocabulary (asserted on each line that registers the name)",
+        "",
+        "`decode-server serve` with the flag on a vocabulary without the parser's tokens stops before an engine",
+        "starts, with vLLM's reason (`test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_reason`).",
+        "",
+        "| kind | parser | lines | vLLM says | its family row |",
+        "|---|---|---|---|---|",
+    ]
+    for (kind, name), reason in sorted(REFUSED_ON_THE_DEMO_VOCABULARY.items()):
+        lines = "0.33" if (kind, name) in NEW_IN_033 else "0.32, 0.33"
+        homes = [r.id for r in ALL_ROWS if (r.tool_parser if kind == "tool" else r.reasoning_parser) == name]
+        out.append(f"| {kind} | {name} | {lines} | {reason} | {', '.join(homes) or '—'} |")
     out += ["", "## Refused by vLLM's render server (asserted; no decode server sees these requests)", ""]
     out += [f"- **{row}**, `{case}`: {message}" for (row, case), message in sorted(REFUSED.items())] or ["None."]
     out += ["", "## A stop string made vLLM's stream lose a call (asserted; finish_reason `stop` there, ours `tool_calls`)", ""]

@@ -86,10 +86,6 @@ BY_HAND: dict[tuple[str, str], str] = {
         "stream is right: the model wrote ` Done.` after the calls; vLLM's batch parser keeps only the "
         "text before `<｜tool▁calls▁begin｜>` and drops what follows `<｜tool▁calls▁end｜>`"
     ),
-    ("deepseek_v3:deepseek_v31+deepseek_v3", "reasoning_then_two_calls"): (
-        "batch is right: the arguments are complete JSON in the script; vLLM's streaming parser for "
-        "the V3.1 format withholds each call's last characters (the end of `東京\"}`) and never sends them"
-    ),
     ("jamba:jamba+-", "reasoning_then_two_calls"): (
         "batch is right: the call list is complete JSON in the script; vLLM's streaming jamba parser "
         "never sends the last call's closing `\"` and `}`, so the streamed arguments are not valid JSON"
@@ -102,14 +98,6 @@ BY_HAND: dict[tuple[str, str], str] = {
         "batch is right: the model wrote no think block, so the text is the answer (vLLM's batch parser "
         "reads output without `</ifm|think>` or a call as content); the streaming parser sends it as "
         "reasoning while no end marker has come, and never moves it"
-    ),
-    ("poolside_v1:poolside_v1+poolside_v1", "stop_string_inside_markup"): (
-        "batch is right: the stop string ends the output inside the call, so there is no call; the "
-        "stream has also sent `<think>` as reasoning text"
-    ),
-    ("deepseek_v3:deepseek_v3+deepseek_r1", "stop_string_inside_markup"): (
-        "batch is right: the stop string ends the output inside the call, so there is no call; the "
-        "stream has also sent `<think>` as reasoning text, though the prompt already opened reasoning"
     ),
 }
 

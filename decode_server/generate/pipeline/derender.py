@@ -2,8 +2,9 @@
 
 The parser is vLLM's own (`ParserManager.get_parser`, reasoning + tool parser),
 built per choice exactly as coupled `/v1/chat/completions` builds it, fed each
-engine delta once (stream) or the engine's final, stop-cut text once (batch),
-and dropped with the generator. Message assembly and finish_reason follow
+token's delta once (stream: a merged engine step is cut per token and what its
+pieces produce goes out as one delta, token_text_ends.py) or the engine's final,
+stop-cut text once (batch), and dropped with the generator. Message assembly and finish_reason follow
 coupled chat (`vllm/entrypoints/openai/chat_completion/serving.py`), the
 parity oracle; docs/vllm-derender-notes.md has the line references.
 """
@@ -18,9 +19,11 @@ from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.sampling_params import SamplingParams
 
+from decode_server.generate.pipeline.delta_merge import merge_deltas
 from decode_server.generate.pipeline.derender_plan import DerenderPlan
 from decode_server.generate.pipeline.steps import ChoiceStep, Step, role_step
 from decode_server.generate.pipeline.token_aligned_text import TokenAlignedText, holds_text_back
+from decode_server.generate.pipeline.token_text_ends import MergedSteps, Piece
 from protocol.chat import ChatMessage, DeltaMessage, FunctionCall, ToolCall, assistant_message
 
 # ------------------------------------------------------------------ shapes
@@ -52,7 +55,8 @@ _EMPTY_DELTA = DeltaMessage()
 @dataclass(slots=True)
 class _StreamState:
     parser: Any
-    aligned: TokenAlignedText | None  # only where stop strings hold the engine's text back
+    # Where stop strings hold the engine's text back, the aligner; else the per-token cutter.
+    split: TokenAlignedText | MergedSteps
     tools_streamed: bool = False
 
 
@@ -66,7 +70,7 @@ def derender(
 async def derender_stream(
     steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams
 ) -> AsyncIterator[Step]:
-    """Streaming: parse_delta per engine delta; a role-only chunk opens each choice."""
+    """Streaming: parse_delta per token, one delta per engine output; a role-only chunk opens each choice."""
     if plan.request is None:
         async for step in _plain_stream(steps, plan):
             yield step
@@ -80,8 +84,8 @@ async def derender_stream(
             for c in step.choices:
                 st = states.get(c.index)
                 if st is None:
-                    aligned = TokenAlignedText(tokenizer, prompt_token_ids, sp) if align else None
-                    st = states[c.index] = _StreamState(plan.new_parser(), aligned)
+                    split = (TokenAlignedText if align else MergedSteps)(tokenizer, prompt_token_ids, sp)
+                    st = states[c.index] = _StreamState(plan.new_parser(), split)
                     choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
                 _parse_delta(plan, st, c, prompt_token_ids)
                 choices.append(c)
@@ -92,33 +96,60 @@ async def derender_stream(
 
 
 def _parse_delta(plan: DerenderPlan, st: _StreamState, c: ChoiceStep, prompt_token_ids: list[int]) -> None:
-    req = plan.request
     finished = c.finish_reason is not None
-    text, token_ids = c.text, c.token_ids
-    if st.aligned is not None:
-        text, token_ids = st.aligned.step(text, token_ids, finished)
-    if not (token_ids or finished) and st.aligned is not None:
-        dm = None  # every id of this step waits for its text: nothing for the parser yet
+    split = st.split
+    if type(split) is MergedSteps:
+        pieces = split.pieces(c.text, c.token_ids)
     else:
-        dm = st.parser.parse_delta(
-            delta_text=text,
-            delta_token_ids=token_ids,
-            request=req,
-            prompt_token_ids=prompt_token_ids,
-            finished=finished,
-        )
-    if dm is not None:
-        dm = maybe_filter_parallel_tool_calls(dm, req)
-        if dm.tool_calls:
-            st.tools_streamed = True
-    c.delta = _wire_delta(dm) if dm is not None else _EMPTY_DELTA
+        pieces = split.step(c.text, c.token_ids, finished)
+    if pieces is None:  # one id at most: parsed as it came (the hot path allocates nothing here)
+        wire = _parsed(plan, st, c.text, c.token_ids, finished, prompt_token_ids)
+    elif not pieces:  # every id of this step waits for its text: nothing for the parser yet
+        wire = None
+    elif len(pieces) == 1:
+        wire = _parsed(plan, st, *pieces[0], finished, prompt_token_ids)
+    else:
+        wire = _parsed_pieces(plan, st, pieces, finished, prompt_token_ids)
+    c.delta = _EMPTY_DELTA if wire is None else wire
     if finished and st.tools_streamed and not plan.named_tool_choice and c.finish_reason == "stop":
         c.finish_reason = "tool_calls"
     if plan.hides_reasoning:
         c.withhold_metadata()
         # Coupled chat sends nothing for a step the parser kept back when it hides reasoning
         # (an empty chunk per hidden step would tell how long the reasoning was).
-        c.emit = dm is not None or finished
+        c.emit = wire is not None or finished
+
+
+def _parsed(
+    plan: DerenderPlan, st: _StreamState, text: str, token_ids: list[int], finished: bool, prompt_token_ids: list[int]
+) -> dict[str, Any] | None:
+    """One parse_delta call: the parser's delta as coupled chat writes it, or None when it kept
+    everything back."""
+    req = plan.request
+    dm = st.parser.parse_delta(
+        delta_text=text, delta_token_ids=token_ids, request=req, prompt_token_ids=prompt_token_ids, finished=finished
+    )
+    if dm is None:
+        return None
+    dm = maybe_filter_parallel_tool_calls(dm, req)
+    if dm.tool_calls:
+        st.tools_streamed = True
+    return _wire_delta(dm)
+
+
+def _parsed_pieces(
+    plan: DerenderPlan, st: _StreamState, pieces: list[Piece], finished: bool, prompt_token_ids: list[int]
+) -> dict[str, Any] | None:
+    """Each piece parsed in turn (only the last one can be the end), their deltas as one."""
+    last = len(pieces) - 1
+    deltas = []
+    for k, (text, token_ids) in enumerate(pieces):
+        wire = _parsed(plan, st, text, token_ids, finished and k == last, prompt_token_ids)
+        if wire is not None:
+            deltas.append(wire)
+    if not deltas:
+        return None
+    return deltas[0] if len(deltas) == 1 else merge_deltas(deltas)
 
 
 async def derender_batch(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:

@@ -7,21 +7,21 @@ held back, and route the text that follows wrongly — tag fragments in `content
 the arguments — by an amount that depends on how engine steps were merged before the frontend
 read them (vLLM #36830 and #51641, open against 0.32; coupled chat has the same fault).
 
-The aligner holds back ids instead of letting them run ahead: it decodes each id with vLLM's
-own incremental detokenizer (the engine's tokenizer, prompt and special-token settings, no stop
-strings) to learn where its text ends, and releases an id to the parser once the engine has
-released all of its text. The engine's text is what the parser reads; at the end every id left
-goes with the rest of it.
+The aligner holds back ids instead of letting them run ahead: it decodes each id as the engine
+does (token_text_ends.py) to learn where its text ends, and releases an id to the parser once the
+engine has released all of its text, cut into one piece per id — what the parser would have been
+fed without a stop string, however the engine's steps were merged. The engine's text is what the
+parser reads; at the end every id left goes with the rest of it.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from types import SimpleNamespace
 from typing import Any
 
 from vllm.sampling_params import SamplingParams
-from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+from decode_server.generate.pipeline.token_text_ends import Piece, TokenTextEnds, per_token
 
 
 def holds_text_back(sp: SamplingParams) -> bool:
@@ -30,46 +30,34 @@ def holds_text_back(sp: SamplingParams) -> bool:
 
 
 class TokenAlignedText:
-    """One choice's stream: engine deltas in, (text, ids) the parser can trust out."""
+    """One choice's stream: engine deltas in, per-id pieces the parser can trust out."""
 
-    __slots__ = ("_decoder", "_pending_ids", "_pending_ends", "_held_text", "_given")
+    __slots__ = ("_ends", "_pending_ids", "_pending_ends", "_held_text", "_given")
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], sp: SamplingParams):
-        # Same decoding as the engine's detokenizer for this request, minus the stop strings
-        # (they would truncate its text, and the lengths are all it is asked for).
-        params = SimpleNamespace(
-            stop=None,
-            min_tokens=sp.min_tokens,
-            include_stop_str_in_output=sp.include_stop_str_in_output,
-            skip_special_tokens=sp.skip_special_tokens,
-            spaces_between_special_tokens=sp.spaces_between_special_tokens,
-        )
-        request = SimpleNamespace(
-            request_id="token-aligned-text", prompt_token_ids=prompt_token_ids, prompt_embeds=None, sampling_params=params
-        )
-        self._decoder = IncrementalDetokenizer.from_new_request(tokenizer, request)
+        self._ends = TokenTextEnds(tokenizer, prompt_token_ids, sp)
         self._pending_ids: list[int] = []
         self._pending_ends: list[int] = []  # where each pending id's text ends, in output characters
         self._held_text = ""  # released by the engine, not yet given to the parser
         self._given = 0  # output characters given to the parser
 
-    def step(self, text: str, token_ids: list[int], finished: bool) -> tuple[str, list[int]]:
-        decoder = self._decoder
+    def step(self, text: str, token_ids: list[int], finished: bool) -> list[Piece]:
+        """The pieces this engine delta releases (none while every id waits for its text; at
+        least one when finished, which the parser must see)."""
         for token_id in token_ids:
-            decoder.update([token_id], False)
             self._pending_ids.append(token_id)
-            self._pending_ends.append(len(decoder.output_text))
+            self._pending_ends.append(self._ends.end_of(token_id))
         self._held_text += text
         if finished:
-            out = self._held_text, self._pending_ids
+            out = per_token(self._held_text, self._pending_ids, self._pending_ends, self._given)
             self._pending_ids, self._pending_ends, self._held_text = [], [], ""
-            return out
+            return out or [("", [])]
         released = bisect_right(self._pending_ends, self._given + len(self._held_text))
         if not released:
-            return "", []
+            return []
         cut = self._pending_ends[released - 1] - self._given
-        out_text, self._held_text = self._held_text[:cut], self._held_text[cut:]
-        out_ids = self._pending_ids[:released]
+        out = per_token(self._held_text[:cut], self._pending_ids[:released], self._pending_ends[:released], self._given)
+        self._held_text = self._held_text[cut:]
         del self._pending_ids[:released], self._pending_ends[:released]
         self._given += cut
-        return out_text, out_ids
+        return out
