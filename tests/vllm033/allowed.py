@@ -4,8 +4,8 @@ fails the 0.33 tier. An entry is here only while a request needs it (test_wire c
 
 from __future__ import annotations
 
-from tests.differential_corpus import Case
-from tests.test_vllm_differential import ALLOWED, Divergence, Entry, Result, compare, facts
+from tests.support.differential_corpus import Case
+from tests.app.vllm.test_differential import ALLOWED, Divergence, Entry, Result, compare, facts
 
 # The 0.32 list's entries that the 0.33 comparison still needs, and 0.33's own.
 STILL = ("chat-request-outside-derender", "multimodal-fail-loud", "any-content-type", "x-request-id-echo",

@@ -5,7 +5,7 @@ token outside the top k. Sent to ours and to 0.33's server beside the corpus (te
 
 from __future__ import annotations
 
-from tests.differential_corpus import SP, Case
+from tests.support.differential_corpus import SP, Case
 
 _CTX = {"tools": None, "tool_choice": "none", "include_reasoning": True}
 _TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]

@@ -8,8 +8,8 @@ import pytest
 import vllm
 
 from decode_server.tools.demo_model import ensure_demo_model
-from tests.servers import PARSER_FLAGS
-from tests.vllm033.pair import Pair, serving_pair
+from tests.support.servers import PARSER_FLAGS
+from tests.support.pair import Pair, serving_pair
 
 if not vllm.__version__.startswith("0.33."):
     raise RuntimeError(

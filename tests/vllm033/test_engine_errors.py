@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from tests.differential_corpus import PROMPT, SCRIPT, Case
-from tests.inprocess import NO_THINKING
+from tests.support.differential_corpus import PROMPT, SCRIPT, Case
+from tests.support.inprocess import NO_THINKING
 from tests.support import scripted
-from tests.test_vllm_differential import Result, _send, report
+from tests.app.vllm.test_differential import Result, _send, report
 from tests.vllm033.allowed import classified
-from tests.vllm033.pair import Pair
+from tests.support.pair import Pair
 from tests.vllm033.paused_engine import paused
 
 LEVELS = ("tokens", "text", "derender")

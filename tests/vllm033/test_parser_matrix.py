@@ -1,6 +1,6 @@
-"""tests/test_parser_matrix.py's family rows on vLLM 0.33's modules: our derender on 0.33 against
+"""tests/app/vllm/test_parser_matrix.py's family rows on vLLM 0.33's modules: our derender on 0.33 against
 0.33's own coupled chat over the same scripted outputs, each family's tokens and output format
-(every row of tests/parser_matrix/families.ROWS)."""
+(every row of tests/support/parser_matrix/families.ROWS)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import hashlib
 
 import pytest
 
-from decode_server.tools import family_tokenizers
-from tests.parser_matrix.models import family_model
-from tests.test_parser_matrix import test_family_row_matches_vllms_chat  # noqa: F401 (collected here)
+from tests.support import family_tokenizers
+from tests.support.parser_matrix.models import family_model
+from tests.app.vllm.test_parser_matrix import test_family_row_matches_vllms_chat  # noqa: F401 (collected here)
 
 pytestmark = pytest.mark.anyio
 

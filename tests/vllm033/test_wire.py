@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from tests.differential_corpus import CORPUS
-from tests.test_vllm_differential import DOC, Result, _send, report
+from tests.support.differential_corpus import CORPUS
+from tests.app.vllm.test_differential import DOC, Result, _send, report
 from tests.vllm033.allowed import ALLOWED_033, classified
 from tests.vllm033.cases import CASES_033
-from tests.vllm033.pair import Pair
+from tests.support.pair import Pair
 
 CASES = [*CORPUS, *CASES_033]
 
