@@ -7,7 +7,8 @@ ends the run (its exit status is the run's).
     ./dev test -x -k derender                every tier, each with these pytest options
 
 A tier is a folder of tests/ (tests/vllm033 runs on vLLM 0.33's modules, which tests/support/
-vllm_wheel.py unpacks from the cached wheel, first on PYTHONPATH). Options go to every tier run;
+vllm_wheel.py unpacks from the cached wheel, first on PYTHONPATH; with them the differential,
+tests/app/vllm/test_differential.py, with 0.33's allowed list). Options go to every tier run;
 a tier that they deselect entirely (`-k`, `-m`) counts as passed and says so."""
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ class Tier:
     name: str
     folder: str
     env: Callable[[], dict[str, str]] = field(default=dict)
+    also: tuple[str, ...] = ()  # modules of another folder it runs too, on its own vLLM
 
 
 # Fastest first (measured: docs/testing.md).
 TIERS = [
     Tier("app", "tests/app"),
-    Tier("vllm033", "tests/vllm033", _vllm033_env),
+    # The differential is one module on both lines, each with its own allowed list.
+    Tier("vllm033", "tests/vllm033", _vllm033_env, also=("tests/app/vllm/test_differential.py",)),
     Tier("deploy", "tests/deploy"),
     Tier("engine", "tests/engine"),
 ]
@@ -83,7 +86,7 @@ def plan(args: list[str]) -> list[tuple[Tier, list[str]]]:
         placed.update(inside, covering)
         if paths and not inside and not covering:
             continue
-        chosen.append((tier, [*([tier.folder] if not paths or covering else inside), *options]))
+        chosen.append((tier, [*([tier.folder, *tier.also] if not paths or covering else inside), *options]))
     if set(paths) - placed:
         raise SystemExit(f"tiers: not in a tier's folder: {' '.join(sorted(set(paths) - placed))} "
                          f"(tiers: {', '.join(t.folder for t in TIERS)})")
