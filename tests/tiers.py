@@ -4,6 +4,7 @@ ends the run (its exit status is the run's).
     ./dev test                               every tier
     ./dev test tests/app/generate tests/engine/test_faults.py::test_x
                                              only the tiers those paths are in, each with its paths
+                                             (tests/app/vllm/test_differential.py: in both lines' tiers)
     ./dev test -x -k derender                every tier, each with these pytest options
 
 A tier is a folder of tests/ (tests/vllm033 runs on vLLM 0.33's modules, which tests/support/
@@ -81,7 +82,8 @@ def plan(args: list[str]) -> list[tuple[Tier, list[str]]]:
     placed: set[str] = set()
     for tier in TIERS:
         folder = (ROOT / tier.folder).resolve()
-        inside = [arg for arg, p in paths.items() if p == folder or folder in p.parents]
+        homes = [folder, *((ROOT / also).resolve() for also in tier.also)]
+        inside = [arg for arg, p in paths.items() if any(p == home or home in p.parents for home in homes)]
         covering = [arg for arg, p in paths.items() if p in folder.parents]  # `tests`, `.`
         placed.update(inside, covering)
         if paths and not inside and not covering:
