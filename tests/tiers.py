@@ -55,7 +55,8 @@ class Tier:
     also: tuple[str, ...] = ()  # modules of another folder it runs too, on its own vLLM
 
 
-# Fastest first (measured: docs/testing.md).
+# In-process tiers first (most failures show there, in minutes), the engine tier (the slowest) last;
+# what each took: docs/testing.md.
 TIERS = [
     Tier("app", "tests/app"),
     # The differential is one module on both lines, each with its own allowed list.
