@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy_render import BASE, CPU_DEMO, DEPLOY, LLM_D, kustomize_cmd, load_docs, named, pod_spec, render
+from tests.support.deploy_render import BASE, CPU_DEMO, DEPLOY, LLM_D, kustomize_cmd, load_docs, named, pod_spec, render
 
 MODEL_COMPONENT = DEPLOY / "components" / "model-qwen3"
 SERVER = "decode-server"

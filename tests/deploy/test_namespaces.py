@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy_render import BASE, COMPONENTS, CPU_DEMO, DEDUPE_OK, DEPLOY, LLM_D, kustomize_cmd, render_with_kustomize
+from tests.support.deploy_render import BASE, COMPONENTS, CPU_DEMO, DEDUPE_OK, DEPLOY, LLM_D, kustomize_cmd, render_with_kustomize
 
 NAMESPACE = "team-a"
 PARAMS = {"release": "obs-stack", "namespace": "obs", "prometheus": "http://obs-prometheus.obs.svc:9090"}

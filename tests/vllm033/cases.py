@@ -1,11 +1,11 @@
 """Requests about what 0.33 changed in the generate wire that the shared corpus (written against
 0.32) does not send: parse_context checked at every level, 0.33's batch derender (its message
 assembly, `include_reasoning=false`, chat's top_logprobs limit), top_logprobs with the sampled
-token outside the top k. Sent to ours and to 0.33's server beside the corpus (test_wire)."""
+token outside the top k. Sent to ours and to 0.33's server beside the corpus (tests/app/vllm/test_differential.py on 0.33)."""
 
 from __future__ import annotations
 
-from tests.differential_corpus import SP, Case
+from tests.support.differential_corpus import SP, Case
 
 _CTX = {"tools": None, "tool_choice": "none", "include_reasoning": True}
 _TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]

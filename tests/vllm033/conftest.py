@@ -1,5 +1,5 @@
-"""The vLLM 0.33 tier: runs only with 0.33's modules first on the path (tests/test_vllm033.py
-starts it so). Anything else is a clear error, never a silent skip."""
+"""The vLLM 0.33 tier: runs only with 0.33's modules first on the path (`./dev test tests/vllm033`:
+tests/tiers.py starts it so). Anything else is a clear error, never a silent skip."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,13 +8,13 @@ import pytest
 import vllm
 
 from decode_server.tools.demo_model import ensure_demo_model
-from tests.servers import PARSER_FLAGS
-from tests.vllm033.pair import Pair, serving_pair
+from tests.support.servers import PARSER_FLAGS
+from tests.support.pair import Pair, serving_pair
 
 if not vllm.__version__.startswith("0.33."):
     raise RuntimeError(
         f"tests/vllm033 runs on vLLM 0.33's modules, but this is vLLM {vllm.__version__} from {vllm.__file__}; "
-        "run it through tests/test_vllm033.py (it puts the cached 0.33 wheel's modules first on PYTHONPATH)"
+        "run it as a tier: ./dev test tests/vllm033 (tests/tiers.py puts the cached 0.33 wheel's modules first on PYTHONPATH)"
     )
 
 

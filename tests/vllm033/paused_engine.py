@@ -14,7 +14,7 @@ from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.engine.core import EngineCoreProc
 from vllm.v1.request import Request
 
-from tests.scripted import ScriptedCore
+from tests.support.scripted_engine import ScriptedCore
 
 
 class _PausedEngineCore:

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from tests.support import GENERATE
-from tests.vllm033.pair import Pair
+from tests.support.pair import Pair
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

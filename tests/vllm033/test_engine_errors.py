@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from tests.differential_corpus import PROMPT, SCRIPT, Case
-from tests.inprocess import NO_THINKING
+from tests.support.differential_corpus import PROMPT, SCRIPT, Case
+from tests.support.inprocess import NO_THINKING
 from tests.support import scripted
-from tests.test_vllm_differential import Result, _send, report
-from tests.vllm033.allowed import classified
-from tests.vllm033.pair import Pair
+from tests.support.differential import Result, report, send
+from tests.support.allowed import classified
+from tests.support.pair import Pair
 from tests.vllm033.paused_engine import paused
 
 LEVELS = ("tokens", "text", "derender")
@@ -53,8 +53,8 @@ async def _both(pair: Pair, level: str, stream: bool) -> tuple[Case, Result, Res
         theirs, prompt = None, PROMPT
     context = {"parse_context": NO_THINKING} if level == "derender" else {}
     case = Case(f"{level}-{'stream' if stream else 'batch'}", body=scripted(prompt, SCRIPT, output_mode=level, stream=stream, **context))
-    ours = await _send(pair.ours.client, "", case)
-    return case, ours, theirs or await _send(pair.theirs.client, "", case)
+    ours = await send(pair.ours.client, "", case)
+    return case, ours, theirs or await send(pair.theirs.client, "", case)
 
 
 def _answered_alike(level: str, stream: bool, case: Case, ours: Result, theirs: Result, error: dict) -> None:

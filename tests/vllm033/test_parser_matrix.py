@@ -1,6 +1,6 @@
-"""tests/test_parser_matrix.py on vLLM 0.33's modules: our derender on 0.33 against 0.33's own
+"""tests/app/vllm/test_parser_matrix.py on vLLM 0.33's modules: our derender on 0.33 against 0.33's own
 coupled chat over the same scripted outputs — every family row of 0.33's line
-(tests/parser_matrix/families.ROWS, each with its chunking property), the generic sweep of the
+(tests/support/parser_matrix/families.ROWS, each with its chunking property), the generic sweep of the
 names only 0.33 registers, the start-up refusals of names that cannot run on the demo vocabulary,
 and the completeness check on 0.33's registries."""
 
@@ -10,11 +10,11 @@ import hashlib
 
 import pytest
 
-from decode_server.tools import family_tokenizers
-from tests.parser_matrix import families as fm
-from tests.parser_matrix.coverage import NEW_IN_033, SWEEP
-from tests.parser_matrix.models import family_model
-from tests.test_parser_matrix import (  # noqa: F401 (collected here)
+from tests.support import family_tokenizers
+from tests.support.parser_matrix import families as fm
+from tests.support.parser_matrix.coverage import NEW_IN_033, SWEEP
+from tests.support.parser_matrix.models import family_model
+from tests.app.vllm.test_parser_matrix import (  # noqa: F401 (collected here)
     demo_tokenizer,
     test_a_parser_a_new_vllm_registers_fails_the_completeness_check,
     test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_reason,

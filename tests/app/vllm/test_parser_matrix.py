@@ -1,0 +1,200 @@
+"""The parser matrix: derender equals vLLM's coupled /v1/chat/completions for every parser vLLM registers.
+
+In process (tests/support/parser_matrix/harness.py): vLLM's own API server and ours over the same scripted
+engine outputs, so the comparison is exact: each batch message, each streamed delta in order
+(tool-call ids by shape), each finish_reason. Family rows (tests/support/parser_matrix/families.py) use the
+family's tokenizer and scripts in the family's own format, at --stream-interval 1 with n=1; then our
+stream, merged by a client's stream_interval (2, 3, 7; 4 with n=2) and with and without a stop
+string that never matches, must fold to that unmerged stream's message (vLLM's own parsers do not
+all give it on merged steps: docs/vllm-differences.md#derender-merged-steps). Every other
+registered parser that constructs on the demo vocabulary runs a generic sweep; every one that does
+not is listed with the error it gives, which is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import chat_cases as cc
+from tests.support.inprocess import serve_args
+from decode_server.process.cli import server_config
+from decode_server.process.parser_check import parser_refusal
+from tests.support.parser_matrix import families as fm
+from tests.support.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY, SWEEP, registered, stale, sweep_cases, unplaced
+from tests.support.parser_matrix.harness import Pair, Side, pair
+from tests.support.parser_matrix.models import family_model
+from tests.support.parser_matrix import report
+from tests.support.parser_matrix.verdicts import BY_HAND
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module", autouse=True)
+def parsers_doc():
+    yield
+    report.write_if_asked(fm.ROWS, fm.OPEN, SWEEP, LISTED)
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory, demo_model):
+    # The session's demo model is the qwen3 family and every family's base: in-process servers on
+    # it share their tokenizer with the suite's other in-process tests.
+    root = tmp_path_factory.mktemp("families")
+    return lambda family: family_model(family, root, demo_model)
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer(family_dir):
+    from vllm.tokenizers import get_tokenizer
+
+    return get_tokenizer(str(family_dir("qwen3")))
+
+
+def _assert_parity(ours: Side, theirs: Side, where: str, case: fm.Case) -> None:
+    assert ours.batch.keys() == theirs.batch.keys(), where
+    for i in theirs.batch:
+        assert ours.batch[i] == theirs.batch[i], (where, "batch", i)
+        if case.differs is None:
+            assert ours.stream[i] == theirs.stream[i], (where, "stream", i)
+        elif case.lost_call:
+            # vLLM's misrouted stream sent no call and says `stop`; ours sent the call (as vLLM's
+            # parser does on aligned text) and says `tool_calls`, by coupled chat's own rule.
+            streamed = (bool(ours.folded(i).get("tool_calls")), bool(theirs.folded(i).get("tool_calls")))
+            assert streamed == (True, False), (where, "lost call", i)
+            assert (ours.stream_finish(i), theirs.stream_finish(i)) == ("tool_calls", "stop"), (where, "finish", i)
+        else:
+            assert ours.stream_finish(i) == theirs.stream_finish(i), (where, "finish", i)
+
+
+def _stream_equals_batch(side: Side, i: int) -> bool:
+    same_message = cc.without_ids(side.folded(i)) == cc.without_ids(side.batch_folded(i))
+    return same_message and side.stream_finish(i) == side.batch_finish(i)
+
+
+async def _refused(p: Pair, row: fm.Row, case: fm.Case) -> bool:
+    expected = dict(row.refused_at_render).get(case.name)
+    if expected is None:
+        return False
+    status, message = await p.render_error(case.chat)
+    assert status == 400 and expected in message, (row.id, case.name, status, message)
+    report.refused(row.id, case.name, message)
+    return True
+
+
+async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> Side:
+    """Parity with vLLM on one case; our side's answers."""
+    script = p.tokenizer.encode(case.text, add_special_tokens=False)
+    ours, theirs = await p.compare({**case.chat, "n": n}, script)
+    where = f"{row_id} {case.name} n={n} interval={interval}"
+    if case.calls:
+        names = tuple(tc["function"]["name"] for tc in theirs.batch[0][0].get("tool_calls") or [])
+        assert names == case.calls, f"{where}: vLLM did not parse the script as the family's calls: {theirs.batch[0][0]}"
+    _assert_parity(ours, theirs, where, case)
+    if case.differs is not None:
+        report.on_purpose(row_id, case.name, case.differs)
+    if case.lost_call:
+        report.lost_call(row_id, case.name, case.lost_call)
+    for i in ours.batch:
+        if not _stream_equals_batch(ours, i):
+            # Beyond vLLM: the folded stream is the batch answer, unless vLLM's own chat differs
+            # there too (then parity wins, and docs/parsers.md records the case).
+            # The answer is the message and its finish_reason: a client acts on both.
+            assert not _stream_equals_batch(theirs, i), f"{where}: our stream and batch differ where vLLM's agree"
+            unjudged = report.record(row_id, case.name, (ours.folded(i), ours.stream_finish(i)), (ours.batch_folded(i), ours.batch_finish(i)))
+            assert not unjudged, f"{where}: vLLM's stream and batch differ in {unjudged}; say which is right in tests/support/parser_matrix/verdicts.py"
+    return ours
+
+
+# A stop string no script holds, longer than any tag: the engine's stop buffer holds the most text
+# back (docs/vllm-differences.md#derender-stop-string-alignment).
+NEVER_MATCHING = "never in any script: ☂☂☂"
+# (a client's stream_interval, n, a never-matching stop string too): how the unmerged stream of
+# the parity check is merged and held back here; its message must not change.
+CHUNKINGS = [
+    *((interval, 1, stop) for interval in (1, 2, 3, 7) for stop in (False, True) if (interval, stop) != (1, False)),
+    (4, 2, False),
+]
+
+
+async def _any_chunking(p: Pair, row_id: str, case: fm.Case, unmerged: Side) -> None:
+    """Our folded stream and its finish_reason under every chunking equal the unmerged stream's
+    (which equals vLLM's, delta by delta, and its batch answer where vLLM's own two agree)."""
+    script = p.tokenizer.encode(case.text, add_special_tokens=False)
+    request = await p.derender_request(cc.chat_body(**case.chat), script)
+    want = (cc.without_ids(unmerged.folded(0)), unmerged.stream_finish(0))
+    for interval, n, stop in CHUNKINGS:
+        sampling = {**request["sampling_params"], "stream_interval": interval, "n": n}
+        if stop:
+            sampling["stop"] = [*(sampling.get("stop") or []), NEVER_MATCHING]
+        side = await p.ours_streamed({**request, "sampling_params": sampling})
+        for i in range(n):
+            got = (cc.without_ids(side.folded(i)), side.stream_finish(i))
+            assert got == want, f"{row_id} {case.name}: stream_interval={interval} n={n} stop={stop} choice {i}"
+
+
+# Every row on every case: parity at interval 1 with n=1, then the same scripts under every chunking.
+# A configuration is one pair of servers, on the model directory the scripted engine has loaded.
+CONFIGS = [(row, 1, 1) for row in fm.ROWS]
+
+
+@pytest.mark.parametrize("row,interval,n", CONFIGS, ids=lambda v: v.id if isinstance(v, fm.Row) else str(v))
+async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: int, n: int):
+    async with pair(family_dir(row.family), *row.flags, "--stream-interval", str(interval)) as p:
+        for case in fm.cases(row):
+            if await _refused(p, row, case):
+                continue
+            unmerged = await _run(p, row.id, case, n, interval)
+            await _any_chunking(p, row.id, case, unmerged)
+        report.composed(row.id, p.vllm.app.state.openai_serving_chat.parser_cls)
+    # A verdict judged by hand is kept only while a case needs it (a fixed parser, or a fixed stream
+    # of ours, leaves it judging nothing).
+    unused = [case for r, case in BY_HAND if r == row.id and (r, case) not in report.RECORDED]
+    assert not unused, f"{row.id}: by-hand verdicts no case needs on vLLM {fm.LINE} (tests/support/parser_matrix/verdicts.py): {unused}"
+    report.passed(row.id, f"interval{interval}-n{n}")
+    report.passed(row.id, "any-chunking")
+
+
+@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
+async def test_sweep_parser_matches_vllms_chat(family_dir, config):
+    tool, reasoning = config
+    async with pair(family_dir("qwen3"), *fm.flags(tool, reasoning)) as p:
+        for case in sweep_cases(tool is not None):
+            await _run(p, f"demo:{tool or '-'}+{reasoning or '-'}", case, 1, 1)
+        report.composed(f"demo:{tool or '-'}+{reasoning or '-'}", p.vllm.app.state.openai_serving_chat.parser_cls)
+    report.passed(f"demo:{tool or '-'}+{reasoning or '-'}", "sweep")
+
+
+def test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason():
+    tools, reasonings = registered()
+    assert not unplaced(tools, reasonings), f"vLLM {fm.LINE} registers parsers in no row, not swept, not listed: {unplaced(tools, reasonings)}"
+    assert not stale(tools, reasonings, fm.LINE), f"placed but not registered on vLLM {fm.LINE}: {stale(tools, reasonings, fm.LINE)}"
+
+
+def test_a_parser_a_new_vllm_registers_fails_the_completeness_check(monkeypatch):
+    """The check reads the registries themselves: a name added there, in no row, is named."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for manager in (ToolParserManager, ReasoningParserManager):
+        listed = manager.list_registered
+        monkeypatch.setattr(manager, "list_registered", lambda listed=listed: [*listed(), "planted_by_the_test"])
+    with pytest.raises(AssertionError, match="'planted_by_the_test'") as failed:
+        test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason()
+    assert "('tool', 'planted_by_the_test')" in str(failed.value) and "('reasoning', 'planted_by_the_test')" in str(failed.value)
+
+
+def _registered_here(key: tuple[str, str]) -> bool:
+    tools, reasonings = registered()
+    return key[1] in (tools if key[0] == "tool" else reasonings)
+
+
+@pytest.mark.parametrize("key", sorted(filter(_registered_here, REFUSED_ON_THE_DEMO_VOCABULARY)), ids=lambda k: f"{k[0]}:{k[1]}")
+def test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_reason(family_dir, demo_tokenizer, key):
+    """What `decode-server serve` says before starting an engine when the served vocabulary lacks the
+    parser's tokens: one line, the flag and vLLM's reason (a listed parser is one of these)."""
+    kind, name = key
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser", name] if kind == "tool" else ["--reasoning-parser", name]
+    args = serve_args(family_dir("qwen3"), *flags)
+    refusal = parser_refusal(args, server_config(args).derender, demo_tokenizer)
+    assert refusal is not None and "\n" not in refusal, refusal
+    assert f"--{'tool-call' if kind == 'tool' else 'reasoning'}-parser {name}" in refusal, refusal
+    assert REFUSED_ON_THE_DEMO_VOCABULARY[key] in refusal, refusal

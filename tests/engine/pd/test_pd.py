@@ -1,0 +1,578 @@
+"""Prefill/decode disaggregation for real: two decode-server instances with vLLM's NixlConnector.
+
+A prefill instance (`--tokens-only`, `kv_producer`) and a decode instance (tokenizer, qwen3 +
+hermes parsers, `kv_consumer`) on loopback, with the KV cache in host memory
+(`kv_buffer_device: cpu`) and NIXL's UCX backend (over TCP) moving it: two of the set of engines
+this module shares with tests/engine/pd/test_pd_faults.py (tests/support/pd_pair.py); requests go through
+`protocol.clients.pd` (the legs llm-d's NIXL v2 routing sidecar builds, less the decode-only fields) and
+`decode-server pd-proxy`, and as llm-d-router's sidecar and coordinator send them, byte for byte
+(`tests/support/llmd_legs.py`).
+
+The model is the demo model with **real, seeded random weights** (written once into a copy of
+the demo model dir and loaded as safetensors, not `--load-format dummy`): dummy weights give
+near-identical output for any prompt, so they could not show that decode used the transferred
+KV. With these weights the next token depends on the whole prompt.
+
+Two machine-level settings keep the pair fast on a small CPU box:
+
+- each engine's OpenMP thread is pinned to its own core (`VLLM_CPU_OMP_THREADS_BIND`);
+- NIXL's UCX progress thread busy-polls a core per engine: nixl 1.5.1's Python agent hard-codes
+  `pthrDelay = 0`, the timeout of the thread's `poll()` on the UCX workers' event fds, and
+  neither vLLM nor NIXL reads a setting for it. A `sitecustomize` on the set's servers'
+  PYTHONPATH sets it to 1 ms when `nixl_cu12._api` / `nixl_cu13._api` load (the thread still
+  wakes on UCX events at once; the timeout is NIXL's fallback wake-up), so an idle engine
+  costs ~1% of a core instead of 100%.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from protocol.clients.generate import Client
+from protocol.clients.pd import PREFILL_KV_TRANSFER_PARAMS, AsyncPDClient, PDClient, decode_request, prefill_request
+from tests.support import llmd_legs, servers
+from tests.support.pd_pair import LEASE_S
+from tests.support.pd_pair import kv_usage as _kv_usage
+from tests.support.pd_pair import metrics as _metrics
+from tests.support.pd_pair import salt as _salt
+from tests.support.chat_cases import USER, WEATHER, accumulate, call, parse_context, without_ids
+from tests.support import GENERATE, choice_chunks, finish_reason, joined_tokens, scripted
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
+
+
+# ----------------------------------------------------------------- the P/D pair
+
+
+class Pair:
+    def __init__(self, prefill: servers.Server, decode: servers.Server, proxy: servers.Server):
+        self.prefill, self.decode, self.proxy = prefill, decode, proxy
+
+
+@pytest.fixture(scope="module")
+def pd_pair(pd_set, log_dir):
+    """The shared set's prefill instance and its `recompute` decode instance (the parsers, a 30 s
+    deadline; a failed pull is caught by the p2p counts asserted below), behind `pd-proxy`."""
+    prefill, decode = pd_set.prefill, pd_set.recompute
+    proxy = servers.Server(
+        "pd-proxy",
+        [sys.executable, "-m", "decode_server.tools.pd_proxy", "--prefill", prefill.url, "--decode", decode.url],
+        log_dir,
+        engine=False,
+    ).start(timeout_s=60)
+    try:
+        yield Pair(prefill, decode, proxy)
+    finally:
+        proxy.stop()
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _chat_prompt(tokenizer, tools: list[dict[str, Any]]) -> list[int]:
+    text = tokenizer.apply_chat_template(USER, tools=tools, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _first_token(url: str, token_ids: list[int], kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "token_ids": token_ids,
+        "cache_salt": _salt(),
+        "sampling_params": {"max_tokens": 1, "temperature": 0, "logprobs": 2},
+    }
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    r = httpx.post(url + GENERATE, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["logprobs"]["content"][0]
+
+
+# ----------------------------------------------------------------- the legs (no engine)
+
+
+def test_leg_bodies_are_what_the_nixl_v2_sidecar_sends():
+    caller = {
+        "token_ids": [1, 2, 3],
+        "request_id": "r1",
+        "output_mode": "derender",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_salt": "s",
+        "parse_context": {"tools": []},
+        "chat_request": None,
+        "sampling_params": {
+            "max_tokens": 50,
+            "min_tokens": 5,
+            "stop": ["x"],
+            "structured_outputs": {"choice": ["a", "b"]},
+            "temperature": 0.5,
+            "extra_args": {"k": 1},
+        },
+    }
+    p = prefill_request(caller)
+    assert p == {
+        "token_ids": [1, 2, 3],
+        "request_id": "r1",
+        "output_mode": "tokens",
+        "stream": False,
+        "cache_salt": "s",
+        "sampling_params": {"max_tokens": 1, "min_tokens": 1, "temperature": 0.5, "extra_args": {"k": 1}},
+        "kv_transfer_params": dict(PREFILL_KV_TRANSFER_PARAMS),
+    }
+    kv = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [[1]]}
+    d = decode_request(caller, kv)
+    assert d == {**caller, "kv_transfer_params": kv}
+    assert caller["sampling_params"]["max_tokens"] == 50, "the caller's request is not mutated"
+
+
+def _decoded(body: dict[str, Any]) -> Any:
+    from protocol.decoding import decode_generate_request
+
+    req, _ = decode_generate_request(llmd_legs.go_json(body))
+    req.request_id = "r"
+    return req
+
+
+def test_only_an_unambiguous_prefill_leg_is_answered_as_a_tokens_prefill():
+    """A prefill leg is `do_remote_decode: true` (top level or in extra_args) with max_tokens 1;
+    only that drops the decode-only fields, and only those."""
+    from decode_server.runtime.kv_transfer import as_tokens_prefill_leg, is_prefill_leg, kv_transfer_params_of
+
+    caller = scripted(
+        [1, 2, 3], [7], output_mode="derender", cache_salt="s", parse_context={"tools": []}, reasoning_ended=True,
+        sampling_params={"max_tokens": 9, "logprobs": 2, "stop": ["x"], "structured_outputs": {"choice": ["a"]}},
+    )
+    sidecar = _decoded(llmd_legs.sidecar_prefill_leg(caller))
+    coordinator = _decoded(llmd_legs.coordinator_prefill_leg(caller, "r"))
+    assert is_prefill_leg(sidecar) and is_prefill_leg(coordinator)
+    assert kv_transfer_params_of(coordinator) == llmd_legs.PREFILL_KV and coordinator.kv_transfer_params is None
+    view = as_tokens_prefill_leg(sidecar)
+    assert (view.output_mode, view.parse_context, view.chat_request) == ("tokens", None, None)
+    assert view.sampling_params.provided() == {
+        "max_tokens": 1, "min_tokens": 1, "logprobs": 2, "extra_args": {"replay_token_ids": [7]}
+    }
+    assert (view.kv_transfer_params, view.cache_salt, view.reasoning_ended) == (llmd_legs.PREFILL_KV, "s", True)
+    assert sidecar.output_mode == "derender", "the request itself is not changed"
+    not_legs = [
+        {**caller, "kv_transfer_params": llmd_legs.PREFILL_KV},  # max_tokens 9: the answer is the client's
+        {**caller, "sampling_params": {"max_tokens": 1}},  # no KV params
+        {**caller, "sampling_params": {"max_tokens": 1}, "kv_transfer_params": {"do_remote_decode": False}},
+        {**caller, "sampling_params": {"max_tokens": 1}, "kv_transfer_params": {"do_remote_decode": "true"}},
+        # The top level wins over extra_args, as in vLLM: here it says "no remote decode".
+        {**llmd_legs.coordinator_prefill_leg(caller, "r"), "kv_transfer_params": {}},
+    ]
+    assert not any(is_prefill_leg(_decoded(b)) for b in not_legs)
+
+
+def test_the_llm_d_legs_change_only_what_their_source_changes():
+    caller = {"token_ids": [5, 6], "output_mode": "text", "stream": True, "stream_options": {"include_usage": True},
+              "sampling_params": {"max_tokens": 8, "stop": ["<&>"], "extra_args": {"k": 1}}}
+    p = llmd_legs.sidecar_prefill_leg(caller)
+    assert {k: v for k, v in p.items() if k not in ("stream", "kv_transfer_params", "sampling_params")} == {
+        "token_ids": [5, 6], "output_mode": "text"}
+    assert p["sampling_params"] == {"max_tokens": 1, "min_tokens": 1, "stop": ["<&>"], "extra_args": {"k": 1}}
+    assert b'"stop":["\\u003c\\u0026\\u003e"]' in llmd_legs.go_json(p)
+    kv = {"do_remote_prefill": True, "remote_block_ids": [1]}
+    assert llmd_legs.sidecar_decode_leg(caller, {"kv_transfer_params": kv}) == {**caller, "kv_transfer_params": kv}
+    d = llmd_legs.coordinator_decode_leg(caller, {"kv_transfer_params": kv})
+    assert "kv_transfer_params" not in d
+    assert d["sampling_params"]["extra_args"] == {
+        "k": 1, "kv_transfer_params": {**kv, "do_remote_decode": False, "do_remote_prefill": True}}
+    assert llmd_legs.coordinator_prefill_leg(caller, "r") == {
+        "request_id": "r", "token_ids": [5, 6], "model": "", "stream": False,
+        "sampling_params": {"max_tokens": 1, "extra_args": {"kv_transfer_params": llmd_legs.PREFILL_KV}}}
+
+
+# ----------------------------------------------------------------- against the real pair
+
+
+def test_prefill_leg_returns_the_producers_kv_transfer_params(pd_pair):
+    body = prefill_request({"token_ids": list(range(1000, 1040)), "cache_salt": _salt()})
+    r = httpx.post(pd_pair.prefill.url + GENERATE, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    kv = r.json()["kv_transfer_params"]
+    assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+    assert kv["remote_host"] == "127.0.0.1" and isinstance(kv["remote_port"], int)
+    assert kv["remote_engine_id"] and kv["remote_block_ids"] and kv["remote_num_tokens"] == 40
+    # Pull it, so the producer frees the blocks now rather than at the lease timeout.
+    with Client(pd_pair.decode.url) as c:
+        c.generate({"token_ids": body["token_ids"], "cache_salt": body["cache_salt"], "kv_transfer_params": kv,
+                    "sampling_params": {"max_tokens": 1}})
+    # A drifted parser fingerprint is refused at the prefill pool too (the rules: tests/app/runtime/test_kv_transfer.py).
+    # (A prefill leg itself is answered whatever the fingerprint: its answer reaches no client.)
+    r = httpx.post(
+        pd_pair.prefill.url + GENERATE, json={"token_ids": [9707]}, headers={"x-parser-fingerprint": "0" * 16}, timeout=60
+    )
+    assert r.status_code == 409 and "fingerprint" in r.json()["error"]["message"], r.text
+
+
+def test_derender_stream_through_the_proxy_equals_one_instance(pd_pair, tokenizer):
+    script = tokenizer.encode(
+        "<think>\nThe user wants the weather.\n</think>\n\n" + call("get_weather", {"city": "Paris"}),
+        add_special_tokens=False,
+    )
+    chat = {"tools": [WEATHER]}
+    request = scripted(
+        _chat_prompt(tokenizer, [WEATHER]),
+        script,
+        output_mode="derender",
+        parse_context=parse_context(chat),
+        stream_options={"include_usage": True},
+        sampling_params={"max_tokens": 64, "skip_special_tokens": False, "stop": ["never-in-the-output"]},
+    )
+    before = _metrics(pd_pair.decode.url)
+
+    def run(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[Any]:
+        events: list[Any] = []
+        with httpx.stream("POST", url + GENERATE, json={**body, "stream": True}, headers=headers, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+        return events
+
+    single = run(pd_pair.decode.url, {**request, "cache_salt": _salt()})
+    rid = f"pd-derender-{time.monotonic_ns()}"
+    via_proxy = run(pd_pair.proxy.url, {**request, "cache_salt": _salt()}, headers={"X-Request-Id": rid})
+    after = _metrics(pd_pair.decode.url)
+
+    def message(events: list[Any]) -> dict[str, Any]:
+        return without_ids(accumulate([c["delta"] for c in choice_chunks(events)]))
+
+    assert message(via_proxy) == message(single)
+    assert message(single)["reasoning"] and message(single)["tool_calls"][0]["name"] == "get_weather"
+    assert joined_tokens(via_proxy) == joined_tokens(single) == [*script, 151645]
+    assert finish_reason(via_proxy) == finish_reason(single) == "tool_calls"
+    assert via_proxy[-1] == "[DONE]" and via_proxy[-2]["usage"] == single[-2]["usage"]
+    assert all(e["output_mode"] == "derender" and e["request_id"] == f"generate-tokens-{rid}" for e in via_proxy if isinstance(e, dict))
+    # Both legs ran under the caller's request id (the prefill one as a tokens-level request).
+    assert f"request_id={rid} output_mode=tokens status=200" in pd_pair.prefill.log_tail(20000)
+    # ... and the proxied one really was decoded from the prefill pool's KV.
+    p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
+    assert after[p2p] - before[p2p] == len(request["token_ids"])
+
+
+def test_every_output_level_decodes_from_transferred_kv(pd_pair, tokenizer):
+    """Batch tokens/text/derender through PDClient (sync) and a text stream through AsyncPDClient."""
+    prompt = _chat_prompt(tokenizer, [])
+    text = "<think>\nShort answer.\n</think>\n\nSunny, 21 degrees."
+    script = tokenizer.encode(text, add_special_tokens=False)
+    p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
+    before = _metrics(pd_pair.decode.url)
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd, Client(pd_pair.decode.url) as one:
+        for mode in ("tokens", "text", "derender"):
+            fields: dict[str, Any] = {"output_mode": mode, "sampling_params": {"max_tokens": 32, "logprobs": 1}}
+            if mode == "derender":
+                fields["parse_context"] = {}
+            ours = pd.generate(scripted(prompt, script, cache_salt=_salt(), **fields))
+            ref = one.generate(scripted(prompt, script, cache_salt=_salt(), **fields))
+            assert pd.last_kv_transfer_params["do_remote_prefill"] is True
+            assert ours.choices[0].token_ids == ref.choices[0].token_ids == [*script, 151645], mode
+            assert ours.usage == ref.usage
+            assert ours.kv_transfer_params is None  # a consumer hands nothing on
+            if mode == "text":
+                assert ours.choices[0].text == ref.choices[0].text == text
+            if mode == "derender":
+                assert ours.choices[0].message == ref.choices[0].message
+                assert ours.choices[0].message.content.strip() == "Sunny, 21 degrees."
+
+    async def async_stream() -> str:
+        async with AsyncPDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+            chunks = [c async for c in pd.stream(scripted(prompt, script, output_mode="text", cache_salt=_salt()))]
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+
+    assert asyncio.run(async_stream()) == text
+    after = _metrics(pd_pair.decode.url)
+    assert after[p2p] - before[p2p] == 4 * len(prompt)
+
+
+def test_structured_output_requests_go_through(pd_pair):
+    """A tokens-only prefill pool refuses structured outputs; the prefill leg drops them, the decode leg applies them."""
+    body = {
+        "token_ids": list(range(8000, 8030)),
+        "output_mode": "text",
+        # The decode server has a reasoning parser: the grammar applies once reasoning has ended.
+        "reasoning_ended": True,
+        "sampling_params": {"max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": ["sunny", "rainy"]}},
+    }
+    r = httpx.post(pd_pair.prefill.url + GENERATE, json={**body, "output_mode": "tokens"}, timeout=60)
+    assert r.status_code == 400 and "requires a tokenizer" in r.json()["error"]["message"]
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd, Client(pd_pair.decode.url) as one:
+        ours = pd.generate({**body, "cache_salt": _salt()})
+        assert pd.last_kv_transfer_params["do_remote_prefill"] is True
+        ref = one.generate({**body, "cache_salt": _salt()})
+    assert ours.choices[0].text == ref.choices[0].text
+    assert ours.choices[0].text in ("sunny", "rainy")
+
+
+# ----------------------------------------------------------------- llm-d's own legs, replayed
+
+_LLM_D_TEXT = "<think>\nShort answer.\n</think>\n\nSunny, 21 degrees."
+
+
+def _llm_d_callers(tokenizer) -> dict[str, dict[str, Any]]:
+    """What a caller sends through llm-d, one request per level: tokens, text, a stop string,
+    a derender stream (tool call, stop string, stream_options) and structured outputs."""
+    prompt = _chat_prompt(tokenizer, [])
+    script = tokenizer.encode(_LLM_D_TEXT, add_special_tokens=False)
+    tool_script = tokenizer.encode(
+        "<think>\nThe user wants the weather.\n</think>\n\n" + call("get_weather", {"city": "Paris"}),
+        add_special_tokens=False,
+    )
+    return {
+        "tokens": scripted(prompt, script, sampling_params={"max_tokens": 32, "logprobs": 1}),
+        "text": scripted(prompt, script, output_mode="text", sampling_params={"max_tokens": 32, "min_tokens": 2, "logprobs": 1}),
+        "stop": scripted(prompt, script, output_mode="text", sampling_params={"max_tokens": 32, "stop": ["21"]}),
+        "derender": scripted(
+            _chat_prompt(tokenizer, [WEATHER]),
+            tool_script,
+            output_mode="derender",
+            stream=True,
+            stream_options={"include_usage": True},
+            parse_context=parse_context({"tools": [WEATHER]}),
+            sampling_params={"max_tokens": 64, "skip_special_tokens": False, "stop": ["never-in-the-output"]},
+        ),
+        "structured": {
+            "token_ids": list(range(8000, 8030)),
+            "output_mode": "text",
+            "reasoning_ended": True,
+            "sampling_params": {"max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": ["sunny", "rainy"]}},
+        },
+    }
+
+
+def _post_leg(url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    """POST a leg's bytes as the router writes them: the batch JSON, or a stream's data payloads."""
+    headers = {"content-type": "application/json", **headers}
+    content = llmd_legs.go_json(body)
+    if not body.get("stream"):
+        r = httpx.post(url + GENERATE, content=content, headers=headers, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+    events: list[Any] = []
+    with httpx.stream("POST", url + GENERATE, content=content, headers=headers, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    return events
+
+
+def _outcome(answer: Any) -> tuple[Any, list[float]]:
+    """What the client reads, less per-request names (ids, `created`) and with the sampled tokens'
+    logprobs apart (the decode engine computes the last prompt position alone: float noise)."""
+    if isinstance(answer, list):
+        chunks = choice_chunks(answer)
+        message = without_ids(accumulate([c["delta"] for c in chunks]))
+        return (joined_tokens(answer), message, finish_reason(answer), answer[-2]["usage"], answer[-1]), []
+    body = {k: v for k, v in answer.items() if k not in ("request_id", "created")}
+    body["choices"] = [dict(c) for c in body["choices"]]
+    logprobs: list[float] = []
+    for choice in body["choices"]:
+        content = (choice.pop("logprobs", None) or {}).get("content") or []
+        choice["sampled"] = [t.get("token_id", t.get("token")) for t in content]
+        logprobs += [t["logprob"] for t in content]
+    return body, logprobs
+
+
+def _check_level(name: str, outcome: Any, script_text: str) -> None:
+    """Each case really exercised its level (the equality with one instance is checked apart)."""
+    if name == "derender":
+        tokens, message, finish, _usage, done = outcome
+        assert message["reasoning"] and message["tool_calls"][0]["name"] == "get_weather"
+        assert (finish, done) == ("tool_calls", "[DONE]")
+        return
+    choice = outcome["choices"][0]
+    assert outcome["output_mode"] == ("tokens" if name == "tokens" else "text")
+    if name == "text":
+        assert choice["text"] == script_text and choice["finish_reason"] == "stop"
+    elif name == "stop":
+        assert choice["text"] == script_text.split("21")[0] and choice["stop_reason"] == "21"
+    elif name == "structured":
+        assert choice["text"] in ("sunny", "rainy")
+    else:
+        assert len(choice["token_ids"]) > 10 and len(choice["sampled"]) == len(choice["token_ids"])
+
+
+@pytest.mark.parametrize("router", ["sidecar", "coordinator"])
+def test_llm_d_legs_against_the_tokens_only_prefill_pool_decode_as_one_instance(pd_pair, tokenizer, router):
+    """Each caller request through the legs llm-d-router v0.10.0 builds (tests/support/llmd_legs.py, from
+    its source: the sidecar forwards `output_mode`, `stop`, `structured_outputs`, `parse_context`
+    and the caller's headers to the prefill pod; the coordinator puts the KV params in
+    `sampling_params.extra_args`), sent as the router's bytes to the --tokens-only prefill pool and
+    the decode pool: every prefill leg is a 200 tokens-level prefill with the producer's KV params,
+    every decode leg answers what one decode instance answers alone, decoded from the pulled KV."""
+    fingerprint = httpx.get(pd_pair.decode.url + "/v1/models", timeout=30).json()["data"][0]["parser_fingerprint"]
+    p2p = 'vllm:prompt_tokens_cached_by_source_total{source="p2p"}'
+    before, pulled = _metrics(pd_pair.decode.url), 0
+    for name, request in _llm_d_callers(tokenizer).items():
+        caller = {**request, "cache_salt": _salt()}
+        rid = llmd_legs.sidecar_request_id() if router == "sidecar" else f"coordinator-{time.monotonic_ns()}"
+        # Both routers pass the caller's headers on (here pinned to the decode pool's fingerprint).
+        headers = {"x-parser-fingerprint": fingerprint, "x-request-id": rid}
+        if router == "sidecar":
+            prefill_leg = llmd_legs.sidecar_prefill_leg(caller)
+        else:
+            prefill_leg = llmd_legs.coordinator_prefill_leg(caller, rid)
+        answer = _post_leg(pd_pair.prefill.url, prefill_leg, headers)
+        kv = answer["kv_transfer_params"]
+        assert kv["do_remote_prefill"] is True and kv["remote_block_ids"], name
+        assert answer["output_mode"] == "tokens" and len(answer["choices"][0]["token_ids"]) == 1, name
+        assert f"request_id={rid} output_mode=tokens status=200" in pd_pair.prefill.log_tail(20000), name
+        build = llmd_legs.sidecar_decode_leg if router == "sidecar" else llmd_legs.coordinator_decode_leg
+        ours, ours_logprobs = _outcome(_post_leg(pd_pair.decode.url, build(caller, answer), headers))
+        single, single_logprobs = _outcome(
+            _post_leg(pd_pair.decode.url, {**request, "cache_salt": _salt()}, {"x-parser-fingerprint": fingerprint})
+        )
+        assert ours == single, name
+        assert ours_logprobs == pytest.approx(single_logprobs, abs=0.05), name
+        _check_level(name, ours, _LLM_D_TEXT)
+        pulled += len(request["token_ids"])
+    after = _metrics(pd_pair.decode.url)
+    assert after[p2p] - before[p2p] == pulled, "every decode leg loaded its whole prompt from the prefill pool"
+    assert after["vllm:nixl_num_failed_transfers_total"] == 0
+
+
+def test_decode_uses_the_transferred_kv_not_its_own_prompt(pd_pair):
+    """Decode prompt B with prompt A's transferred KV: the first token is A's, not B's.
+
+    A and B have the same length and last token, and differ everywhere else. The decode
+    engine loads all of B's positions but the last from the prefill pool and computes only
+    the last one itself, so with A's blocks it computes exactly A's next token.
+    """
+    rnd = random.Random(7)
+    for _attempt in range(6):
+        a_ids = [rnd.randrange(1000, 100_000) for _ in range(47)] + [1273]
+        b_ids = [rnd.randrange(1000, 100_000) for _ in range(47)] + [1273]
+        a, b = _first_token(pd_pair.decode.url, a_ids), _first_token(pd_pair.decode.url, b_ids)
+        margin = min(t["logprob"] for t in (a, b)) - max(
+            t["top_logprobs"][1]["logprob"] for t in (a, b)
+        )
+        if a["token_id"] != b["token_id"] and margin > 0.1:
+            break
+    else:
+        pytest.fail("no prompt pair with distinct first tokens and a clear argmax margin")
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+        kv_a = pd.prefill({"token_ids": a_ids, "cache_salt": _salt()})
+        kv_b = pd.prefill({"token_ids": b_ids, "cache_salt": _salt()})
+    swapped = _first_token(pd_pair.decode.url, b_ids, kv_a)
+    own = _first_token(pd_pair.decode.url, b_ids, kv_b)
+    assert swapped["token_id"] == a["token_id"] != b["token_id"]
+    assert swapped["logprob"] == pytest.approx(a["logprob"], abs=0.05)
+    assert own["token_id"] == b["token_id"]
+    assert own["logprob"] == pytest.approx(b["logprob"], abs=0.05)
+
+
+def test_decode_metrics_show_the_p2p_transfer(pd_pair):
+    prompt = list(range(2000, 2300))  # 300 tokens: more than one KV block
+    before = _metrics(pd_pair.decode.url)
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+        r = pd.generate({"token_ids": prompt, "cache_salt": _salt(), "sampling_params": {"max_tokens": 4}})
+    after = _metrics(pd_pair.decode.url)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert len(r.choices[0].token_ids) == 4
+    assert delta('vllm:prompt_tokens_cached_by_source_total{source="p2p"}') == len(prompt)
+    assert delta('vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}') == len(prompt)
+    assert delta("vllm:nixl_xfer_time_seconds_count") >= 1
+    assert delta("vllm:nixl_bytes_transferred_sum") > 0
+    assert after["vllm:nixl_num_failed_transfers_total"] == 0
+    assert after["vllm:nixl_num_failed_notifications_total"] == 0
+    # The usage block does not show it (vLLM counts p2p hits only in its metrics).
+    assert r.usage.prompt_tokens == len(prompt)
+
+
+def test_a_failing_prefill_leg_surfaces_through_the_proxy(pd_pair):
+    r = httpx.post(pd_pair.proxy.url + GENERATE, json={"token_ids": [1, 2, 10**7], "output_mode": "text"}, timeout=60)
+    assert r.status_code == 400
+    assert r.headers["x-pd-failed-leg"] == "prefill"
+    assert "out of the model's vocabulary" in r.json()["error"]["message"]
+    r = httpx.post(pd_pair.proxy.url + GENERATE, json={"token_ids": "nope"}, timeout=60)
+    assert r.status_code == 400 and "x-pd-failed-leg" not in r.headers
+
+
+def test_closing_a_proxied_stream_aborts_the_decode_leg(pd_pair):
+    name = 'decode_server_aborts_total{cause="client_disconnect"}'
+    before = _metrics(pd_pair.decode.url).get(name, 0.0)
+    body = {
+        "token_ids": list(range(7000, 7064)),
+        "stream": True,
+        "cache_salt": _salt(),
+        "sampling_params": {"max_tokens": 3000, "ignore_eos": True},
+    }
+    with httpx.stream("POST", pd_pair.proxy.url + GENERATE, json=body, timeout=120) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["token_ids"]
+    # Closing the client's stream closes the proxy's decode leg: the decode server aborts it.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = _metrics(pd_pair.decode.url)
+        if m.get(name, 0.0) > before and m["decode_server_live_request_states"] == 0:
+            break
+        time.sleep(0.25)
+    assert m.get(name, 0.0) == before + 1
+    assert m["decode_server_live_request_states"] == 0
+
+
+def test_idle_pair_does_not_busy_poll(pd_pair):
+    """With the progress-thread timeout set, an idle engine's processes use ~no CPU.
+
+    (A prefill engine holding blocks for a decode leg that has not pulled them yet keeps
+    stepping until they are released: wait for that first.)
+    """
+    import psutil
+
+    deadline = time.monotonic() + LEASE_S + 15
+    while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    time.sleep(1.0)
+
+    def processes(server: servers.Server) -> list[Any]:
+        root = psutil.Process(server.proc.pid)
+        return [root, *root.children(recursive=True)]
+
+    # Both servers over the same 2 s.
+    procs = {server.name: processes(server) for server in (pd_pair.prefill, pd_pair.decode)}
+    t0 = {p.pid: sum(p.cpu_times()[:2]) for ps in procs.values() for p in ps}
+    time.sleep(2.0)
+    for name, ps in procs.items():
+        cores = {f"{p.name()}[{p.pid}]": (sum(p.cpu_times()[:2]) - t0[p.pid]) / 2.0 for p in ps}
+        assert sum(cores.values()) < 0.3, f"{name} is busy while idle: {cores}"
+
+
+def test_a_refused_decode_leg_frees_the_prefill_blocks_at_once(pd_pair):
+    """"At once": before the prefill instance's lease (`LEASE_S`) runs out, and no request expired
+    meanwhile. (The leg with its KV params in `extra_args`, as llm-d's coordinator sends it, and
+    which refusals release: tests/app/runtime/test_kv_transfer.py.)"""
+    prompt = list(range(5000, 6000))
+    expired = "vllm:nixl_num_kv_expired_reqs_total"
+    # A decode leg the decode server refuses (derender without parse_context on a parser-configured server).
+    refused = {"token_ids": prompt, "output_mode": "derender"}
+    with PDClient(pd_pair.prefill.url, pd_pair.decode.url) as pd:
+        pd.generate({"token_ids": prompt[:10], "sampling_params": {"max_tokens": 1}})  # the NIXL handshake is done
+        deadline = time.monotonic() + LEASE_S + 15
+        while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        before = _metrics(pd_pair.prefill.url).get(expired, 0.0)
+        leg = decode_request(refused, pd.prefill({"token_ids": prompt, "cache_salt": _salt()}))
+    t_prefilled = time.monotonic()
+    assert _kv_usage(pd_pair.prefill.url) > 0, "the producer holds the prompt's blocks for the decode leg"
+    r = httpx.post(pd_pair.decode.url + GENERATE, json=leg, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "needs parse_context" in r.json()["error"]["message"]
+    while _kv_usage(pd_pair.prefill.url) > 0 and time.monotonic() < t_prefilled + LEASE_S - 1:
+        time.sleep(0.1)
+    assert _kv_usage(pd_pair.prefill.url) == 0, f"the prefill blocks are still held {LEASE_S - 1} s after the answer"
+    assert _metrics(pd_pair.prefill.url).get(expired, 0.0) == before, "the lease freed them, not the refusal"
