@@ -49,6 +49,17 @@ done
 
 # ---------------------------------------------------------------- podman on this machine
 
+# podman schedules a container's HEALTHCHECK with a systemd timer, and says so on every run, stop and
+# rm where no systemd runs (containers here); the check itself runs by hand (healthcheck_check).
+podman_() {
+    local err rc=0
+    err=$(mktemp)
+    podman "$@" 2>"$err" || rc=$?
+    grep -v 'unable to get systemd connection' "$err" >&2 || true
+    rm -f "$err"
+    return $rc
+}
+
 ensure_tools() {
     [[ $(id -u) == 0 ]] || fail "needs root: debootstrap and rootful podman (run it as root)"
     local missing=() tool
@@ -195,11 +206,12 @@ prepare_pip_mount() {
             echo "cert = /mnt/ca.crt"
         fi
         echo "find-links = /mnt/wheels"
-        # requirements.txt names PyTorch's index, and pip asks it for every package, retrying each
-        # failed connection 5 times with backoff: 20+ minutes where it is unreachable.
-        [[ $torch_index == reachable ]] || echo "retries = 0"
     } >"$dir/pip.conf"
-    PIP_MOUNT=(-v "$dir:/mnt:ro" --build-arg PIP_CONFIG_FILE=/mnt/pip.conf)
+    # The CPU image's requirements.txt names PyTorch's index, and pip asks it for every package,
+    # retrying each failed connection 5 times with backoff: 20+ minutes where it is unreachable.
+    cp "$dir/pip.conf" "$dir/pip-cpu.conf"
+    [[ $torch_index == reachable ]] || echo "retries = 0" >>"$dir/pip-cpu.conf"
+    PIP_MOUNT=(-v "$dir:/mnt:ro")
 }
 
 # ---------------------------------------------------------------- the usage lines
@@ -224,8 +236,8 @@ image_tag() {  # the -t value of a build line
     fail "build line without -t: $1"
 }
 
-build_from_usage_line() {  # dockerfile base log -> sets BUILT_TAG; notes the time and size
-    local dockerfile=$1 base=$2 logfile=$3 line started size
+build_from_usage_line() {  # dockerfile base pip-config log -> sets BUILT_TAG; notes the time and size
+    local dockerfile=$1 base=$2 pip_config=$3 logfile=$4 line started size
     line=$(usage_line "$dockerfile" build)
     BUILT_TAG=$(image_tag "$line")
     local -a words
@@ -235,7 +247,7 @@ build_from_usage_line() {  # dockerfile base log -> sets BUILT_TAG; notes the ti
     # --format docker keeps the HEALTHCHECK; --network host: the build's own network namespace has
     # no route out on every host, and the build only fetches packages.
     "${NICE[@]}" podman build --format docker --network host --build-arg "BASE_IMAGE=$base" \
-        "${PIP_MOUNT[@]}" "${words[@]}" >"$logfile" 2>&1 ||
+        "${PIP_MOUNT[@]}" --build-arg "PIP_CONFIG_FILE=/mnt/$pip_config" "${words[@]}" >"$logfile" 2>&1 ||
         fail "podman build of $dockerfile failed (last lines of $logfile):"$'\n'"$(tail -25 "$logfile")"
     BUILD_S=$(elapsed "$started")
     size=$(podman image inspect --format '{{.Size}}' "$BUILT_TAG")
@@ -250,7 +262,7 @@ check_image_clean() {
     if grep -E '^(PIP_|DEBIAN_FRONTEND=|SSL_CERT|REQUESTS_CA_BUNDLE=)' <<<"$env"; then
         fail "$tag keeps build-time settings in its environment (above)"
     fi
-    leftovers=$(podman run --rm --entrypoint sh "$tag" -c 'ls -A /mnt; ls /tmp/requirements /src 2>/dev/null; true')
+    leftovers=$(podman_ run --rm --no-healthcheck --entrypoint sh "$tag" -c 'ls -A /mnt; ls /tmp/requirements /src 2>/dev/null; true')
     [[ -z $leftovers ]] || fail "$tag holds build leftovers in /mnt, /tmp/requirements or /src: $leftovers"
     health=$(podman image inspect --format '{{if .Config.Healthcheck}}{{.Config.Healthcheck.Test}}{{end}}' "$tag")
     [[ $health == *decode-server-healthcheck* ]] || fail "$tag has no HEALTHCHECK (got '$health'); built without --format docker?"
@@ -282,7 +294,7 @@ run_from_usage_line() {  # dockerfile tag -> starts $CONTAINER; sets URL
     done
     [[ " ${out[*]} " == *" $2 "* ]] || fail "the run line does not run the image its build line tags ($2): $line"
     log "podman run -d --name $CONTAINER ${out[*]}"
-    "${NICE[@]}" podman run -d --name "$CONTAINER" "${out[@]}" >/dev/null
+    "${NICE[@]}" podman_ run -d --name "$CONTAINER" "${out[@]}" >/dev/null
     URL=http://127.0.0.1:$host_port
 }
 
@@ -349,7 +361,7 @@ stop_check() {
     started=$(date +%s)
     # podman stop sends SIGTERM (the image sets no STOPSIGNAL) and SIGKILL after -t seconds; the
     # server's drain window is 30 s and nothing is in flight, so a kill means it did not drain.
-    podman stop -t 60 "$CONTAINER" >/dev/null
+    podman_ stop -t 60 "$CONTAINER" >/dev/null
     code=$(podman inspect --format '{{.State.ExitCode}}' "$CONTAINER")
     logs=$(podman logs "$CONTAINER" 2>&1)
     [[ $code == 0 ]] || fail "exit code $code after SIGTERM (0 is a completed drain); the log ends:"$'\n'"$(tail -20 <<<"$logs")"
@@ -358,7 +370,7 @@ stop_check() {
 }
 
 cpu_check() {
-    build_from_usage_line Dockerfile.cpu "$PYTHON_IMAGE" "$WORK/cpu-build.log"
+    build_from_usage_line Dockerfile.cpu "$PYTHON_IMAGE" pip-cpu.conf "$WORK/cpu-build.log"
     local tag=$BUILT_TAG
     check_image_clean "$tag"
     local started
@@ -369,7 +381,7 @@ cpu_check() {
     generate_checks
     healthcheck_check
     stop_check
-    podman rm "$CONTAINER" >/dev/null
+    podman_ rm "$CONTAINER" >/dev/null
     ((keep)) || podman rmi "$tag" >/dev/null
 }
 
@@ -385,10 +397,10 @@ gpu_check() {
         return
     fi
     log "GPU image: built on $DEBIAN_IMAGE, NOT the CUDA base: it installs and imports here, it cannot run"
-    build_from_usage_line Dockerfile "$DEBIAN_IMAGE" "$WORK/gpu-build.log"
+    build_from_usage_line Dockerfile "$DEBIAN_IMAGE" pip.conf "$WORK/gpu-build.log"
     local tag=$BUILT_TAG versions
     check_image_clean "$tag"
-    versions=$(podman run -i --rm --entrypoint python "$tag" - 2>&1 <<'PY'
+    versions=$(podman_ run -i --rm --no-healthcheck --entrypoint python "$tag" - 2>&1 <<'PY'
 import importlib.metadata as m
 import torch, vllm, decode_server, nixl
 from decode_server.process import cli
@@ -404,7 +416,7 @@ PY
 external_containers() { podman ps -a --external -q --no-trunc 2>/dev/null | sort; }
 
 cleanup() {
-    podman rm -f "$CONTAINER" >/dev/null 2>&1 || true
+    podman_ rm -f "$CONTAINER" >/dev/null 2>&1 || true
     # An interrupted build leaves its working containers (podman lists them as external); only
     # those that were not there before this run.
     local id
