@@ -20,7 +20,9 @@
 # folder holding torch==2.13.0+cpu, needed when PyTorch's index is unreachable; else pip's find-links);
 # SMOKE_WORK (state, default /var/tmp/decode-server-images); SMOKE_GPU_MIN_FREE_GB (default 30);
 # SMOKE_HEALTH_TIMEOUT_S (default 600).
-set -euo pipefail
+set -Eeuo pipefail
+# A command that fails outside fail()'s checks still says what failed.
+trap 'echo "[smoke] FAILED at line $LINENO: $BASH_COMMAND (exit $?)" >&2' ERR
 cd "$(dirname "$0")/../.."
 
 WORK=${SMOKE_WORK:-/var/tmp/decode-server-images}
@@ -54,7 +56,7 @@ done
 podman_() {
     local err rc=0
     err=$(mktemp)
-    podman "$@" 2>"$err" || rc=$?
+    "${NICE[@]}" podman "$@" 2>"$err" || rc=$?
     grep -v 'unable to get systemd connection' "$err" >&2 || true
     rm -f "$err"
     return $rc
@@ -294,7 +296,7 @@ run_from_usage_line() {  # dockerfile tag -> starts $CONTAINER; sets URL
     done
     [[ " ${out[*]} " == *" $2 "* ]] || fail "the run line does not run the image its build line tags ($2): $line"
     log "podman run -d --name $CONTAINER ${out[*]}"
-    "${NICE[@]}" podman_ run -d --name "$CONTAINER" "${out[@]}" >/dev/null
+    podman_ run -d --name "$CONTAINER" "${out[@]}" >/dev/null
     URL=http://127.0.0.1:$host_port
 }
 
