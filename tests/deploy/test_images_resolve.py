@@ -131,12 +131,15 @@ def optional_dependencies() -> dict[str, list[Requirement]]:
 
 
 def python_and_glibc(image: Image) -> tuple[str, int]:
-    text = image.text
-    m = re.search(r"^FROM\s+python:(\d+\.\d+)-slim\b", text, re.M)
+    # The base is the default of `ARG BASE_IMAGE` (FROM ${BASE_IMAGE}; tests/deploy/test_images.py).
+    m = re.search(r"^ARG\s+BASE_IMAGE=(\S+)", image.text, re.M)
+    assert m, f"{image.dockerfile}: no ARG BASE_IMAGE=<default>"
+    base = m[1]
+    m = re.fullmatch(r"python:(\d+\.\d+)-slim(?:-bookworm)?", base)
     if m:
         return m[1], DEBIAN_SLIM_GLIBC
-    m = re.search(r"nvidia/cuda:[\w.-]+?-ubuntu(\d+\.\d+)", text)
-    assert m, f"{image.dockerfile}: unknown base image"
+    m = re.fullmatch(r"nvidia/cuda:[\w.-]+?-ubuntu(\d+\.\d+)", base)
+    assert m, f"{image.dockerfile}: unknown base image {base}"
     assert m[1] in UBUNTU, f"{image.dockerfile}: add Ubuntu {m[1]}'s python3 and glibc to UBUNTU"
     return UBUNTU[m[1]]
 
