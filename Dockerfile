@@ -35,7 +35,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 
-# vLLM first (the heavy, rarely changing layer), pinned in deploy/images/gpu/ (tests/test_images_resolve.py
+# vLLM first (the heavy, rarely changing layer), pinned in deploy/images/gpu/ (tests/deploy/test_images_resolve.py
 # resolves those files): vllm, exactly one NIXL CUDA build (cu13, as vLLM's torch), then NIXL's meta
 # package without its dependencies (it would add the CUDA 12 build too).
 COPY deploy/images/gpu/ /tmp/requirements/
