@@ -4,7 +4,7 @@ The CLI is built on vLLM's own argument definitions (`make_arg_parser`: `Fronten
 `AsyncEngineArgs`), so every `vllm serve` command line parses. Engine flags all go to the
 engine unchanged. Each frontend flag is listed below as implemented (what it does here) or as
 having no meaning for a decode server (why); setting one of the latter logs that reason once at
-start. The flag table in docs/configuration.md is this table (tests/test_cli_flags.py keeps them equal).
+start. The flag table in docs/configuration.md is this table (tests/app/process/test_cli_flags.py keeps them equal).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ NOT_FIRED_HERE = {
     "DecodeServerKVCacheFull": "a KV cache over 95 % full: the scripted engine has no KV cache",
     "DecodeServerDrainOverran": "kube-state-metrics' pod deletion timestamp: no Kubernetes here",
     # kube-state-metrics' and cAdvisor's series (no Kubernetes here); their promtool scenarios in
-    # tests/test_alert_rules.py are what checks them.
+    # tests/deploy/test_alert_rules.py are what checks them.
     "DecodeServerCrashLooping": "kube-state-metrics' container restarts and waiting reason: no Kubernetes here",
     "DecodeServerPodsPending": "kube-state-metrics' pod phase: no Kubernetes here",
     "DecodeServerPoolUnavailable": "kube-state-metrics' Deployment replicas: no Kubernetes here",

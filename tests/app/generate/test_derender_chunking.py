@@ -5,7 +5,7 @@ buffer holds text back, token ids are not held), merged at random step boundarie
 AsyncLLM's output collector merges the steps a busy frontend has not read yet. They go
 through the real pipeline stages (`token_steps`, `derender_stream`) with vLLM's qwen3 + hermes
 parsers (granite's reasoning parser for merged steps). The engine-backed checks are in
-tests/test_derender.py and, per parser family against coupled chat, tests/app/vllm/test_parser_matrix.py.
+tests/app/vllm/test_derender.py and, per parser family against coupled chat, tests/app/vllm/test_parser_matrix.py.
 """
 
 from __future__ import annotations
