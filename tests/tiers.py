@@ -58,7 +58,8 @@ class Tier:
 # In-process tiers first (most failures show there, in minutes), the engine tier (the slowest) last;
 # what each took: docs/testing.md.
 TIERS = [
-    Tier("app", "tests/app"),
+    # The bench's own checks (statistics, scenarios, the figure) need no engine either.
+    Tier("app", "tests/app", also=("bench",)),
     # The differential is one module on both lines, each with its own allowed list.
     Tier("vllm033", "tests/vllm033", _vllm033_env, also=("tests/app/vllm/test_differential.py",)),
     Tier("deploy", "tests/deploy"),

@@ -10,6 +10,7 @@ client sends a head and part of its body and then nothing.
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import time
 
@@ -24,12 +25,13 @@ from tests.support import GENERATE
 pytestmark = pytest.mark.anyio
 
 BOUND_S = 1.0
+SOCKET_BOUND_S = 5.0
 SCRIPT = [9707, 11, 1879, 0]
 IM_END = 151645  # the scripted engine ends the script with the model's EOS
 
 
-def _message(received: int) -> str:
-    return f"request body not received within {BOUND_S:g} s (got {received} bytes)"
+def _message(received: int, bound_s: float = BOUND_S) -> str:
+    return f"request body not received within {bound_s:g} s (got {received} bytes)"
 
 
 async def _dribble(first: bytes, then_wait_s: float):
@@ -96,9 +98,11 @@ def test_on_a_socket_the_stalled_body_gets_408_and_the_connection_closes(demo_mo
     """uvicorn and our protocol class: a client sends its head and 10 of 100 body bytes, then
     nothing. It reads a 408 with the error JSON, then end-of-stream; a request on another
     connection meanwhile is answered."""
-    with loopback(demo_model, *PARSER_FLAGS, "--request-body-timeout", str(BOUND_S)) as srv:
+    # A longer bound than in process: the request on the other connection must be answered within
+    # it, and on a loaded machine a real socket's round trip can take over a second.
+    with loopback(demo_model, *PARSER_FLAGS, "--request-body-timeout", str(SOCKET_BOUND_S)) as srv:
         host, port = srv.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=BOUND_S + 10) as sock:
+        with socket.create_connection((host, int(port)), timeout=SOCKET_BOUND_S + 30) as sock:
             start = time.monotonic()
             sock.sendall(
                 f"POST {GENERATE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode()
@@ -106,7 +110,8 @@ def test_on_a_socket_the_stalled_body_gets_408_and_the_connection_closes(demo_mo
             )
             served = httpx.post(srv.url + GENERATE, json=body_for("tokens", SCRIPT), timeout=30)
             assert served.status_code == 200 and served.json()["choices"][0]["token_ids"] == [*SCRIPT, IM_END]
-            assert time.monotonic() - start < BOUND_S, "served while the stalled body was pending"
+            # Nothing has come back on the stalled connection yet: the other was served while it waited.
+            assert select.select([sock], [], [], 0)[0] == [], "served while the stalled body was pending"
             answer = b""
             while chunk := sock.recv(65536):  # until the server closes the connection
                 answer += chunk
@@ -115,8 +120,8 @@ def test_on_a_socket_the_stalled_body_gets_408_and_the_connection_closes(demo_mo
         assert head.startswith(b"HTTP/1.1 408 "), answer[:200]
         assert b"connection: close" in head.lower()
         assert httpx.Response(408, content=body).json()["error"] == {
-            "message": _message(10), "type": "RequestTimeout", "param": None, "code": 408,
+            "message": _message(10, SOCKET_BOUND_S), "type": "RequestTimeout", "param": None, "code": 408,
         }
-        assert BOUND_S <= elapsed < BOUND_S + 5, elapsed
+        assert SOCKET_BOUND_S <= elapsed < SOCKET_BOUND_S + 30, elapsed
         assert srv.metric("decode_server_rejections_total", reason="body_timeout") == 1
         assert srv.metric("decode_server_live_request_states") == 0
