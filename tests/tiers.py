@@ -1,5 +1,7 @@
-"""`./dev test`: the test tiers, each its own pytest process, fastest first; the first tier that fails
-ends the run (its exit status is the run's).
+"""`./dev test`: the test tiers, each its own pytest process. The in-process tiers (app, vllm033,
+deploy) run side by side, one pytest process each on the two cores, each tier's output printed whole
+when it ends; then the engine tier alone. The first tier that fails ends the run and the tiers
+beside it (its exit status is the run's).
 
     ./dev test                               every tier
     ./dev test tests/app/generate tests/engine/test_faults.py::test_x
@@ -15,9 +17,10 @@ a tier that they deselect entirely (`-k`, `-m`) counts as passed and says so."""
 from __future__ import annotations
 
 import os
-import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +56,9 @@ class Tier:
     folder: str
     env: Callable[[], dict[str, str]] = field(default=dict)
     also: tuple[str, ...] = ()  # modules of another folder it runs too, on its own vLLM
+    # Runs by itself: real engines and timing-sensitive drains want both cores. Tiers that do not
+    # run side by side (each its own pytest process): together they use both cores, alone each one.
+    alone: bool = False
 
 
 # In-process tiers first (most failures show there, in minutes), the engine tier (the slowest) last;
@@ -63,7 +69,7 @@ TIERS = [
     # The differential is one module on both lines, each with its own allowed list.
     Tier("vllm033", "tests/vllm033", _vllm033_env, also=("tests/app/vllm/test_differential.py",)),
     Tier("deploy", "tests/deploy"),
-    Tier("engine", "tests/engine"),
+    Tier("engine", "tests/engine", alone=True),
 ]
 
 
@@ -97,27 +103,79 @@ def plan(args: list[str]) -> list[tuple[Tier, list[str]]]:
     return chosen
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _phases(chosen: list[tuple[Tier, list[str]]]) -> list[list[tuple[Tier, list[str]]]]:
+    """The chosen tiers in runs: tiers side by side until one that runs alone (in TIERS' order)."""
+    phases: list[list[tuple[Tier, list[str]]]] = []
+    for entry in chosen:
+        if entry[0].alone or not phases or phases[-1][0][0].alone:
+            phases.append([entry])
+        else:
+            phases[-1].append(entry)
+    return phases
+
+
+@dataclass
+class _Running:
+    tier: Tier
+    process: subprocess.Popen
+    log: Path | None  # where its output goes while others run beside it; None: straight to ours
+    began: float = field(default_factory=time.monotonic)
+
+
+def _start(tier: Tier, tier_args: list[str], env: dict[str, str], log: Path | None) -> _Running:
+    print(f"\n===== tier {tier.name}: pytest {' '.join(tier_args)}", flush=True)
+    out = open(log, "wb") if log else None  # noqa: SIM115 (the child holds it; closed with the run)
+    # A session of its own: a failing neighbour ends this tier with everything it started.
+    process = subprocess.Popen([sys.executable, "-m", "pytest", *tier_args], cwd=ROOT,
+                               env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT if out else None,
+                               start_new_session=True)
+    if out:
+        out.close()
+    return _Running(tier, process, log)
+
+
+def _run_phase(phase: list[tuple[Tier, list[str]]], logs: Path, filtered: bool, done: list[str]) -> int:
+    """Run a phase's tiers side by side; the first that fails ends the others. Each tier's output
+    is printed whole when it ends, so the blocks do not interleave."""
+    beside = len(phase) > 1
+    if beside:
+        print(f"\n===== side by side: {', '.join(tier.name for tier, _ in phase)}", flush=True)
+    envs = [tier.env() for tier, _ in phase]  # all before any starts: one may refuse (no 0.33 wheel)
+    started = [_start(tier, args, env, logs / f"{tier.name}.log" if beside else None) for (tier, args), env in zip(phase, envs)]
+    running = {r.process.pid: r for r in started}
+    failed = 0
+    while running:
+        pid, status, usage = os.wait4(-1, 0)  # rusage: this tier and everything it waited for
+        r = running.pop(pid, None)
+        if r is None:
+            continue
+        r.process.returncode = code = os.waitstatus_to_exitcode(status)
+        if r.log:
+            sys.stdout.write(r.log.read_text(errors="replace"))
+        took = f"{r.tier.name} {time.monotonic() - r.began:.0f} s (CPU {usage.ru_utime + usage.ru_stime:.0f} s)"
+        if failed and code != 0:
+            done.append(f"{took}: stopped")
+            continue
+        if code == NO_TESTS_COLLECTED and filtered:
+            done.append(f"{took}: no test selected by the options")
+            continue
+        done.append(took + ("" if code == 0 else f": failed ({code})"))
+        if code != 0 and not failed:
+            failed = code
+            for other in running.values():
+                os.killpg(other.process.pid, signal.SIGTERM)
+    return failed
 
 
 def run(args: list[str]) -> int:
     filtered = any(arg in ("-k", "-m") or arg.startswith(("-k", "-m")) for arg in args)
     done: list[str] = []
-    for tier, tier_args in plan(args):
-        env = {**os.environ, **tier.env()}
-        print(f"\n===== tier {tier.name}: pytest {' '.join(tier_args)}", flush=True)
-        began, cpu = time.monotonic(), _cpu_s()
-        code = subprocess.call([sys.executable, "-m", "pytest", *tier_args], cwd=ROOT, env=env)
-        took = f"{tier.name} {time.monotonic() - began:.0f} s (CPU {_cpu_s() - cpu:.0f} s)"
-        if code == NO_TESTS_COLLECTED and filtered:
-            done.append(f"{took}: no test selected by the options")
-            continue
-        done.append(took + ("" if code == 0 else f": failed ({code})"))
-        if code != 0:
-            print(f"\n===== tiers: {'; '.join(done)}; stopped at {tier.name}", flush=True)
-            return code
+    with tempfile.TemporaryDirectory(prefix="tiers-") as logs:
+        for phase in _phases(plan(args)):
+            code = _run_phase(phase, Path(logs), filtered, done)
+            if code != 0:
+                print(f"\n===== tiers: {'; '.join(done)}; stopped at {', '.join(t.name for t, _ in phase)}", flush=True)
+                return code
     print(f"\n===== tiers passed: {'; '.join(done)}", flush=True)
     return 0
 
