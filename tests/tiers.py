@@ -2,7 +2,7 @@
 ends the run (its exit status is the run's).
 
     ./dev test                               every tier
-    ./dev test tests/app/generate tests/engine/test_faults.py::test_x
+    ./dev test tests/app/generate tests/engine/decode/test_faults.py::test_x
                                              only the tiers those paths are in, each with its paths
                                              (tests/app/vllm/test_differential.py: in both lines' tiers)
     ./dev test -x -k derender                every tier, each with these pytest options
