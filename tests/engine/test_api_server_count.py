@@ -2,16 +2,13 @@
 
 Which process accepts a connection is not ours to pick (vLLM's least-loaded accept), but every
 response names its process (`X-Api-Server-Index`), and a process with an open connection is not
-the least loaded, so `_connection_to(i)` opens connections (keeping the others open) until one
+the least loaded, so `connection_to(i)` opens connections (keeping the others open) until one
 lands on process i. The drain test ends the shared server, so it runs last.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
-import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -21,8 +18,8 @@ import pytest
 
 from decode_server.config import DRAIN_FLUSH_S
 from tests.support import servers
-from tests.support.processes import engine_cores, sigterm_and_wait
-from tests.support.stream_reader import INDEX, StreamReader
+from tests.support.processes import sigterm_and_wait
+from tests.support.stream_reader import INDEX, StreamReader, connection_to
 from tests.support import GENERATE, finish_reason, joined_tokens, scripted
 
 pytestmark = pytest.mark.real_engine
@@ -34,19 +31,13 @@ PROMPT = [9707, 11, 1879]
 
 
 @pytest.fixture(scope="module")
-def scale_outs(demo_model, log_dir):
-    """Two `--api-server-count 2` servers, both up before any test (no start-up competes with a test
-    for the CPU): "scaled", which the drain test ends, and "doomed", whose engine core the death test kills."""
-    with servers.running(
-        servers.ours("api-server-count-2", demo_model, log_dir, "--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S)),
-        servers.ours("api-server-count-death", demo_model, log_dir, "--api-server-count", "2"),
-    ) as (scaled, doomed):
-        yield {"scaled": scaled, "doomed": doomed}
-
-
-@pytest.fixture(scope="module")
-def scaled(scale_outs):
-    return scale_outs["scaled"]
+def scaled(demo_model, log_dir):
+    """One `--api-server-count 2` server; the drain test ends it. The engine core's death on two API
+    processes ends another such server, one thrown away anyway: the `hf` server of
+    tests/engine/test_parser_matrix_real.py (one engine start less)."""
+    flags = ("--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S))
+    with servers.running(servers.ours("api-server-count-2", demo_model, log_dir, *flags)) as (server,):
+        yield server
 
 
 def test_both_processes_generate_and_their_engine_sockets_stay_on_disk(scaled):
@@ -56,7 +47,7 @@ def test_both_processes_generate_and_their_engine_sockets_stay_on_disk(scaled):
     # (2 of ~10 starts here; 2 of 3 when the parent forced a collection, 0 of 6 after the fix).
     with ExitStack() as stack:
         for index in (0, 1):
-            client = _connection_to(stack, scaled.url, index, timeout_s=30)
+            client = connection_to(stack, scaled.url, index, timeout_s=30)
             r = client.post(GENERATE, json=scripted(PROMPT, [9707, 11], sampling_params={"max_tokens": 2}), timeout=20)
             assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [9707, 11], (index, r.text)
     # Unix sockets bound to a path (psutil gives no listen state for them): the engine's input and
@@ -64,17 +55,6 @@ def test_both_processes_generate_and_their_engine_sockets_stay_on_disk(scaled):
     paths = {c.laddr for p in _api_processes(scaled.url) for c in p.net_connections(kind="unix") if c.laddr}
     assert len(paths) >= 4, paths
     assert all(os.path.exists(path) for path in paths), {path: os.path.exists(path) for path in paths}
-
-
-def _connection_to(stack: ExitStack, url: str, index: int, timeout_s: float = 60) -> httpx.Client:
-    """A kept-alive client whose one connection is served by API process `index`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        client = stack.enter_context(httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1)))
-        if client.get("/health").headers[INDEX] == str(index):
-            return client
-        time.sleep(0.05)  # this one stays open: the next connection goes to the other process
-    raise AssertionError(f"no connection reached API process {index} in {timeout_s}s")
 
 
 def _metrics_page(url: str) -> str:
@@ -104,11 +84,11 @@ def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, h
     process, or live on both) are held by gates in tests/app/runtime/test_peers.py."""
     other = 1 - holder
     with ExitStack() as stack:
-        stream = StreamReader(_connection_to(stack, scaled.url, holder), _long(f"cross-{holder}"))
+        stream = StreamReader(connection_to(stack, scaled.url, holder), _long(f"cross-{holder}"))
         stream.wait_events(3)
         assert stream.index == str(holder)
         before = _metric(_metrics_page(scaled.url), "decode_server_peer_aborts_total")
-        aborter = _connection_to(stack, scaled.url, other)
+        aborter = connection_to(stack, scaled.url, other)
         r = aborter.post("/abort_requests", json={"request_ids": [f"cross-{holder}"]})
         assert r.status_code == 200 and r.headers[INDEX] == str(other), (r.status_code, r.text)
         stream.join(60)  # a hang guard: missed, the abort would leave it running 4,000 tokens
@@ -122,10 +102,10 @@ def test_an_abort_by_caller_id_reaches_the_process_holding_the_request(scaled, h
 @pytest.mark.timeout(120, func_only=True)
 def test_an_abort_before_its_request_reaches_whichever_process_gets_the_request(scaled):
     with ExitStack() as stack:
-        r = _connection_to(stack, scaled.url, 0).post("/abort_requests", json={"request_ids": ["early-x"]})
+        r = connection_to(stack, scaled.url, 0).post("/abort_requests", json={"request_ids": ["early-x"]})
         assert r.status_code == 200, r.text
         # Process 0 now holds a connection, so this stream goes to process 1: it is remembered there too.
-        stream = StreamReader(_connection_to(stack, scaled.url, 1), _long("early-x"))
+        stream = StreamReader(connection_to(stack, scaled.url, 1), _long("early-x"))
         stream.join(20)
     assert stream.index == "1" and finish_reason(stream.payloads()) == "abort"
 
@@ -133,12 +113,12 @@ def test_an_abort_before_its_request_reaches_whichever_process_gets_the_request(
 @pytest.mark.timeout(120, func_only=True)
 def test_a_late_abort_sent_to_another_process_does_not_abort_a_retry(scaled):
     with ExitStack() as stack:
-        on_0 = _connection_to(stack, scaled.url, 0)
+        on_0 = connection_to(stack, scaled.url, 0)
         first = on_0.post(GENERATE, json=scripted(PROMPT, [9707] * 3, request_id="late-x"))
         assert first.status_code == 200 and first.headers[INDEX] == "0", first.text
-        r = _connection_to(stack, scaled.url, 1).post("/abort_requests", json={"request_ids": ["late-x"]})
+        r = connection_to(stack, scaled.url, 1).post("/abort_requests", json={"request_ids": ["late-x"]})
         assert r.status_code == 200, r.text
-        for client in (on_0, _connection_to(stack, scaled.url, 1)):  # the retry, on either process
+        for client in (on_0, connection_to(stack, scaled.url, 1)):  # the retry, on either process
             retry = client.post(GENERATE, json=scripted(PROMPT, [9707] * 3, request_id="late-x"))
             assert retry.status_code == 200, retry.text
             assert retry.json()["choices"][0]["finish_reason"] == "stop", "process 0 told process 1 it just finished"
@@ -150,11 +130,11 @@ def test_metrics_merge_both_processes(scaled):
     served = {"0": 0, "1": 0}
     with ExitStack() as stack:
         for index in (0, 1, 0, 1):
-            r = _connection_to(stack, scaled.url, index).post(GENERATE, json=scripted(PROMPT, [9707] * 2))
+            r = connection_to(stack, scaled.url, index).post(GENERATE, json=scripted(PROMPT, [9707] * 2))
             assert r.status_code == 200, r.text
             served[r.headers[INDEX]] += 1
         # Each process renders the merged page; ask both.
-        pages = {i: _connection_to(stack, scaled.url, i).get("/metrics") for i in (0, 1)}
+        pages = {i: connection_to(stack, scaled.url, i).get("/metrics") for i in (0, 1)}
     assert served == {"0": 2, "1": 2}
     for index, page in pages.items():
         assert page.status_code == 200 and page.headers[INDEX] == str(index)
@@ -180,13 +160,13 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
     speed (four streams on a shared machine), so the short ones are sized from the speed measured
     just before and may end either way; the decision itself is test_drain.py's, in process."""
     with ExitStack() as stack:
-        clients = {i: _connection_to(stack, scaled.url, i) for i in (0, 1)}
+        clients = {i: connection_to(stack, scaled.url, i) for i in (0, 1)}
         longs = {i: StreamReader(c, _long(f"drain-long-{i}")) for i, c in clients.items()}
         for s in longs.values():
             s.wait_events(3)
         speeds = [s.tokens_per_s() for s in longs.values()]
         short_script = [9707] * max(2, int(min(speeds) * DRAIN_S / 4))
-        extra = {i: _connection_to(stack, scaled.url, i) for i in (0, 1)}
+        extra = {i: connection_to(stack, scaled.url, i) for i in (0, 1)}
         shorts = {i: StreamReader(c, scripted(PROMPT, short_script, request_id=f"drain-short-{i}")) for i, c in extra.items()}
         for s in shorts.values():
             s.wait_events(1)
@@ -205,73 +185,3 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
     assert code == 0, scaled.log_tail()
     assert not alive, f"every API process and the engine core exit: {alive}"
     assert DRAIN_S <= elapsed < DRAIN_S + DRAIN_FLUSH_S + 60, elapsed
-
-
-@pytest.mark.timeout(600, func_only=True)
-def test_engine_core_death_ends_every_process_nonzero(scale_outs):
-    server = scale_outs["doomed"]
-    try:
-        with ExitStack() as stack:
-            # Both connections and each process's first request first, then both streams at once. A
-            # stream started while the other process was still connecting ran all its tokens
-            # (4,000 in 16 s) before the other's first three arrived (15 s after it was sent, in a
-            # clean-clone run) and ended "length" before the kill.
-            clients = {i: _connection_to(stack, server.url, i) for i in (0, 1)}
-            for i, client in clients.items():
-                first = client.post(GENERATE, json=scripted(PROMPT, [9707, 11], sampling_params={"max_tokens": 2}), timeout=60)
-                assert first.status_code == 200 and first.headers[INDEX] == str(i), (i, first.text)
-            streams = {i: StreamReader(client, _long(f"death-{i}")) for i, client in clients.items()}
-            for s in streams.values():
-                s.wait_events(3)
-            children = psutil.Process(server.proc.pid).children(recursive=True)
-            killed = time.monotonic()
-            for p in engine_cores(server):
-                os.kill(p.pid, signal.SIGKILL)
-            for s in streams.values():
-                s.join(60)
-            code = server.proc.wait(60)
-            elapsed = time.monotonic() - killed
-            _, alive = psutil.wait_procs(children, timeout=30)
-    finally:
-        server.stop()
-    for i, s in streams.items():
-        assert s.done(), f"process {i}: {s.payloads()[-3:]}"
-        error = s.payloads()[-2].get("error") or {}
-        assert error.get("code") == 503 and "dead" in error.get("message", "").lower(), (i, finish_reason(s.payloads()), len(s.payloads()))
-    assert code not in (0, None), server.log_tail()
-    assert not alive, f"every API process exits: {alive}"
-    print(f"engine core killed → parent exited {code} after {elapsed:.1f}s")
-    assert elapsed < 30, f"the parent exited {elapsed:.1f}s after the engine core died"
-
-
-def test_the_parent_holds_the_engine_listeners_until_its_api_processes_are_shut_down(monkeypatch):
-    """No engine: `serve` with its launch and supervision replaced, a collection forced mid-run."""
-    import gc
-    import weakref
-
-    from decode_server.process import scale_out
-
-    class Listeners:  # stands in for vLLM's EngineZmqListeners (unlinks its paths when collected)
-        pass
-
-    alive_while_serving = []
-
-    def launch(*_: Any) -> tuple[Any, Any, Any]:
-        listeners = Listeners()
-        alive_while_serving.append(weakref.ref(listeners))
-        return object(), object(), listeners
-
-    def supervise(*_: Any) -> int:
-        gc.collect()
-        return 0 if alive_while_serving[0]() is not None else 1
-
-    monkeypatch.setattr(scale_out, "_launch", launch)
-    monkeypatch.setattr(scale_out, "_supervise", supervise)
-    monkeypatch.setattr("vllm.v1.metrics.prometheus.setup_multiprocess_prometheus", lambda: None)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        code = scale_out.serve(argparse.Namespace(shutdown_timeout=1), None, "text")
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    assert code == 0, "the listeners were collected while the API processes ran"

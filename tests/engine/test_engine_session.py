@@ -3,7 +3,7 @@ inside `engine_session()` is (its own process group in the server's session and 
 the parent-death signal armed), with both start methods, and that it dies with its parent. The real
 engine under a group SIGTERM: the end of tests/engine/prod/test_operations.py's server; under a SIGKILL
 of the server: tests/engine/test_parser_matrix_real.py; beside CPU hogs:
-tests/engine/test_streams_under_load.py."""
+tests/engine/decode/test_streams_under_load.py."""
 
 from __future__ import annotations
 

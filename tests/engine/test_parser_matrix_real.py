@@ -11,8 +11,10 @@ row as our app over the scripted engine does — each choice's batch message and
 and the folded stream (the real engine may merge steps, so not chunk by chunk).
 Real engines, one per class, all started at once by the module's fixture.
 
-Its end is a test too, on a server thrown away anyway (one engine start less): a SIGKILL of the
-`hf` server leaves no engine process behind.
+Their ends are tests too, on servers thrown away anyway (an engine start less each): a SIGKILL of the
+gpt-oss server leaves no engine process behind; the `hf` server runs two API processes (each
+answers its cases as one process does), and its engine core's death ends every one of them non-zero
+(the scale-out server of tests/engine/test_api_server_count.py ends by its drain).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +41,9 @@ from tests.support.parser_matrix import families as fm
 from tests.support.parser_matrix.coverage import SWEEP, sweep_cases
 from tests.support.parser_matrix.harness import pair
 from tests.support.parser_matrix.models import family_model
-from tests.support.processes import detached_engine_cores
-from tests.support import GENERATE
+from tests.support.processes import detached_engine_cores, engine_cores
+from tests.support.stream_reader import INDEX, StreamReader, connection_to
+from tests.support import GENERATE, finish_reason, scripted
 
 pytestmark = pytest.mark.real_engine
 
@@ -46,6 +52,9 @@ GPT_OSS_ROW = next(row for row in fm.ROWS if row.family == "gpt_oss")
 # ParserManager composes KimiK3Parser for the kimi_k3 parser name on any model (not by model type):
 # the sweep's configuration with the kimi_k3 reasoning parser, on the demo model.
 KIMI_K3 = next((tool, reasoning) for tool, reasoning in SWEEP if reasoning == "kimi_k3")
+# The scale-out death's streams (on the demo vocabulary): ended by the death, not by their length.
+PROMPT = [9707, 11, 1879]
+LONG = {"max_tokens": 4000, "ignore_eos": True}
 
 
 def _answers(batch: dict[str, Any], events: list[dict[str, Any]]) -> dict[int, Any]:
@@ -117,9 +126,14 @@ def _model_dir(run: Run, demo_model: Path) -> Path:
     return demo_model if run.family is None else family_model(run.family, demo_model.parent / "families", demo_model)
 
 
+# The server that runs two API processes, for its end (the engine core's death on a scaled-out server).
+SCALED_OUT = "hf"
+
+
 def _engine(run: Run) -> Callable[[Path, Path], servers.Server]:
     # The model is built before the server copies the environment: gpt-oss's sets TIKTOKEN_ENCODINGS_BASE.
-    return lambda demo_model, log_dir: servers.ours(f"decode-{run.name}", _model_dir(run, demo_model), log_dir, *run.flags)
+    scale_out = ("--api-server-count", "2") if run.name == SCALED_OUT else ()
+    return lambda demo_model, log_dir: servers.ours(f"decode-{run.name}", _model_dir(run, demo_model), log_dir, *run.flags, *scale_out)
 
 
 @pytest.fixture(scope="module")
@@ -139,11 +153,11 @@ def test_its_end_a_sigkill_of_the_server_leaves_no_engine_process(real_engines):
     """The engine core leads a process group of its own, so a signal to the server's group misses it
     (decode_server/process/engine_session.py); it gets SIGTERM when its parent dies instead
     (PR_SET_PDEATHSIG). Without an engine: tests/engine/test_engine_session.py."""
-    hf_server = real_engines["hf"]
-    cores = detached_engine_cores(hf_server)
+    killed_server = real_engines["gpt-oss"]
+    cores = detached_engine_cores(killed_server)
     try:
-        hf_server.proc.kill()  # the server's pid only: its group is not signalled
-        hf_server.proc.wait(10)
+        killed_server.proc.kill()  # the server's pid only: its group is not signalled
+        killed_server.proc.wait(10)
         started = time.monotonic()
         _, alive = psutil.wait_procs(cores, timeout=30)
     finally:
@@ -152,3 +166,40 @@ def test_its_end_a_sigkill_of_the_server_leaves_no_engine_process(real_engines):
                 core.kill()
     assert not alive, f"the engine outlived the server by 30 s: {alive}"
     print(f"engine core ended {time.monotonic() - started:.1f} s after the server's SIGKILL")
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_its_end_with_two_api_processes_the_engine_cores_death_ends_every_process_nonzero(real_engines):
+    server = real_engines[SCALED_OUT]
+    try:
+        with ExitStack() as stack:
+            # Both connections and each process's first request first, then both streams at once. A
+            # stream started while the other process was still connecting ran all its tokens
+            # (4,000 in 16 s) before the other's first three arrived (15 s after it was sent, in a
+            # clean-clone run) and ended "length" before the kill.
+            clients = {i: connection_to(stack, server.url, i) for i in (0, 1)}
+            for i, client in clients.items():
+                first = client.post(GENERATE, json=scripted(PROMPT, [9707, 11], sampling_params={"max_tokens": 2}), timeout=60)
+                assert first.status_code == 200 and first.headers[INDEX] == str(i), (i, first.text)
+            streams = {i: StreamReader(client, scripted(PROMPT, [], request_id=f"death-{i}", sampling_params=LONG)) for i, client in clients.items()}
+            for s in streams.values():
+                s.wait_events(3)
+            children = psutil.Process(server.proc.pid).children(recursive=True)
+            killed = time.monotonic()
+            for p in engine_cores(server):
+                os.kill(p.pid, signal.SIGKILL)
+            for s in streams.values():
+                s.join(60)
+            code = server.proc.wait(60)
+            elapsed = time.monotonic() - killed
+            _, alive = psutil.wait_procs(children, timeout=30)
+    finally:
+        server.stop()
+    for i, s in streams.items():
+        assert s.done(), f"process {i}: {s.payloads()[-3:]}"
+        error = s.payloads()[-2].get("error") or {}
+        assert error.get("code") == 503 and "dead" in error.get("message", "").lower(), (i, finish_reason(s.payloads()), len(s.payloads()))
+    assert code not in (0, None), server.log_tail()
+    assert not alive, f"every API process exits: {alive}"
+    print(f"engine core killed → parent exited {code} after {elapsed:.1f}s")
+    assert elapsed < 30, f"the parent exited {elapsed:.1f}s after the engine core died"

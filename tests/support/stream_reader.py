@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -62,3 +63,17 @@ class StreamReader(threading.Thread):
             time.sleep(0.05)
         events = list(self.events)
         return len(joined_tokens([payload for _, payload in events[1:]])) / (events[-1][0] - events[0][0])
+
+
+def connection_to(stack: ExitStack, url: str, index: int, timeout_s: float = 60) -> httpx.Client:
+    """A kept-alive client whose one connection is served by API process `index` of an
+    `--api-server-count` server. Which process accepts is vLLM's least-loaded pick, and a process
+    with an open connection is not the least loaded: so connections are opened, the others kept
+    open in `stack`, until one lands on process `index` (every response names it: INDEX)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        client = stack.enter_context(httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_connections=1)))
+        if client.get("/health").headers[INDEX] == str(index):
+            return client
+        time.sleep(0.05)  # this one stays open: the next connection goes to the other process
+    raise AssertionError(f"no connection reached API process {index} in {timeout_s}s")

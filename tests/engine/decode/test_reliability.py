@@ -2,7 +2,7 @@
 
 Everything targets loopback, bounded in count and time. Abort edge cases are tested in process
 (tests/app/runtime/test_aborts.py, which has the same storm over the scripted engine); engine death
-in tests/engine/test_faults.py (its last test).
+in tests/engine/decode/test_the_end.py (the package's last module).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Faults at the transport and around aborts (issue #15, items 2-4), on one real engine with 4 slots;
-last, that engine's core killed mid-stream (the server's end).
+"""Faults at the transport and around aborts (issue #15, items 2-4), on the package's real engine
+(tests/engine/decode/conftest.py); its end, the engine core killed mid-stream, is the package's last
+module (test_the_end.py). The abort registry's orders without an engine: tests/app/runtime/test_abort_registry.py.
 
-Each test states the bound it guarantees; docs/operations.md's Reliability table repeats it. The test
-server shortens the transport bounds through their environment variables (the production
+Each test states the bound it guarantees; docs/operations.md's Reliability table repeats it. The
+package's server shortens the transport bounds through their environment variables (the production
 defaults are in decode_server/config.py): a request head must be complete in 3 s (default 10),
 a stream whose client reads nothing is cut after 3 s (default 60), and kept-alive connections
 idle for 60 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5) so 1,000 of them can be held.
@@ -12,32 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
 import socket
 import struct
 import time
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import psutil
 import pytest
 
-from decode_server.runtime import engine as engine_module
+from tests.engine.decode.conftest import HEAD_TIMEOUT_S, SLOTS
 from tests.support import servers
-from tests.support.processes import engine_cores
-from tests.support.stream_reader import StreamReader
-from tests.support import GENERATE, post, scripted
+from tests.support import GENERATE, scripted
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.reliability]
 
-SLOTS = 4
-HEAD_TIMEOUT_S = 3
-SEND_TIMEOUT_S = 3
-KEEP_ALIVE_S = 60
 MIB = 1024 * 1024
 PROMPT = [9707, 1879]
 IM_END = 151645
@@ -50,21 +41,10 @@ GAUGES = (
 )
 
 
-def _faults_server(model: Path, logs: Path) -> servers.Server:
-    env = {
-        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S),
-        "DECODE_SERVER_REQUEST_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
-        "DECODE_SERVER_STREAM_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
-    }
-    return servers.ours("faults", model, logs, "--max-num-seqs", str(SLOTS), env=env)
-
-
 @pytest.fixture(scope="module")
-def faults(demo_model, log_dir):
-    """The last test kills its engine core (the server's end)."""
-    with servers.running(_faults_server(demo_model, log_dir)) as (server,):
-        _warm_up(server)
-        yield server
+def faults(server):
+    _warm_up(server)
+    return server
 
 
 # ---------------------------------------------------------------- helpers
@@ -193,151 +173,6 @@ def _finish(chunks: list[dict[str, Any]]) -> str | None:
 
 def _tokens(chunks: list[dict[str, Any]]) -> list[int]:
     return [t for chunk in chunks for c in chunk["choices"] for t in c.get("token_ids") or []]
-
-
-# ---------------------------------------------------------------- the abort registry, stubbed engine
-
-
-class _GatedLLM:
-    """What `Engine` reads of an AsyncLLM, and vLLM's abort rule: a request is unknown (its abort
-    dropped) until its input processing ends (`admit` is set) and vLLM registers it."""
-
-    log_stats = False
-    errored = False
-    tokenizer = None
-
-    def __init__(self) -> None:
-        self.model_config = SimpleNamespace(
-            model="stub", max_model_len=4096, max_logprobs=20, hf_config=SimpleNamespace(),
-            get_diff_sampling_param=dict, get_vocab_size=lambda: 1000,
-        )
-        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=4), kv_transfer_config=None)
-        self.output_processor = SimpleNamespace(external_req_ids={})
-        self.admit = asyncio.Event()
-        self.queues: dict[str, asyncio.Queue] = {}
-        self.aborted: list[str] = []
-
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any):
-        await self.admit.wait()
-        queue: asyncio.Queue = asyncio.Queue()
-        self.queues[request_id] = queue
-        self.output_processor.external_req_ids[request_id] = [request_id + "-internal"]
-        try:
-            while True:
-                out = await queue.get()
-                yield out
-                if out.finished:
-                    return
-        finally:
-            self.output_processor.external_req_ids.pop(request_id, None)
-            self.queues.pop(request_id, None)
-
-    async def abort(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            if rid in self.output_processor.external_req_ids:  # vLLM drops an abort of an unknown id
-                self.aborted.append(rid)
-                self.queues[rid].put_nowait(SimpleNamespace(finished=True, finish_reason="abort"))
-
-    def finish(self, request_id: str) -> None:
-        self.queues[request_id].put_nowait(SimpleNamespace(finished=True, finish_reason="length"))
-
-
-def _stub_engine() -> tuple[_GatedLLM, engine_module.Engine]:
-    llm = _GatedLLM()
-    return llm, engine_module.Engine(llm, tokens_only=True)
-
-
-async def _run(engine: engine_module.Engine, caller_id: str) -> str:
-    from vllm.sampling_params import SamplingParams
-
-    request = engine_module.EngineRequest(caller_id, [1, 2], SamplingParams(max_tokens=5))
-    outs = [o async for o in engine.generate(request)]
-    return outs[-1].finish_reason
-
-
-async def _admitted(llm: _GatedLLM, caller_id: str) -> str:
-    while True:
-        for eid in llm.queues:
-            if eid.endswith("-" + caller_id):
-                return eid
-        await asyncio.sleep(0.001)
-
-
-@pytest.mark.timeout(30, func_only=True)
-def test_an_abort_during_input_processing_is_applied_when_the_engine_admits_the_request():
-    async def run() -> None:
-        llm, engine = _stub_engine()
-        task = asyncio.create_task(_run(engine, "r"))
-        while engine.live_request_count() == 0:  # registered here, not yet in the engine
-            await asyncio.sleep(0)
-        assert len(await engine.abort(["r"])) == 1
-        llm.admit.set()
-        assert await asyncio.wait_for(task, 2) == "abort"
-        assert engine.live_request_count() == 0
-
-    asyncio.run(run())
-
-
-@pytest.mark.timeout(30, func_only=True)
-def test_an_abort_before_the_request_arrives_is_applied_when_it_registers():
-    async def run() -> None:
-        llm, engine = _stub_engine()
-        assert await engine.abort(["s"]) == []  # nothing live yet: remembered, not lost
-        llm.admit.set()
-        assert await asyncio.wait_for(_run(engine, "s"), 2) == "abort"
-        # Used once: the same id afterwards runs.
-        task = asyncio.create_task(_run(engine, "s"))
-        llm.finish(await _admitted(llm, "s"))
-        assert await asyncio.wait_for(task, 2) == "length"
-
-    asyncio.run(run())
-
-
-@pytest.mark.timeout(30, func_only=True)
-def test_a_late_abort_does_not_abort_a_retry_with_the_same_id():
-    async def run() -> None:
-        llm, engine = _stub_engine()
-        llm.admit.set()
-        task = asyncio.create_task(_run(engine, "t"))
-        llm.finish(await _admitted(llm, "t"))
-        assert await task == "length"
-        await engine.abort(["t"])  # after its end: late, not early
-        task = asyncio.create_task(_run(engine, "t"))
-        eid = await _admitted(llm, "t")
-        await asyncio.sleep(0.05)
-        assert eid not in llm.aborted
-        llm.finish(eid)
-        assert await asyncio.wait_for(task, 2) == "length"
-
-    asyncio.run(run())
-
-
-@pytest.mark.timeout(30, func_only=True)
-def test_remembered_aborts_expire_and_are_bounded(monkeypatch):
-    monkeypatch.setattr(engine_module, "EARLY_ABORT_TTL_S", 0.2)
-    monkeypatch.setattr(engine_module, "EARLY_ABORT_MAX_IDS", 100)
-
-    async def run() -> None:
-        llm, engine = _stub_engine()
-        llm.admit.set()
-        await engine.abort([f"x{i}" for i in range(1000)])  # over the cap: the oldest are forgotten
-        assert await asyncio.wait_for(_run(engine, "x999"), 2) == "abort"
-        task = asyncio.create_task(_run(engine, "x0"))
-        eid = await _admitted(llm, "x0")
-        await asyncio.sleep(0.05)
-        assert eid not in llm.aborted
-        llm.finish(eid)
-        assert await task == "length"
-        await engine.abort(["late"])
-        await asyncio.sleep(0.3)  # past the TTL
-        task = asyncio.create_task(_run(engine, "late"))
-        eid = await _admitted(llm, "late")
-        await asyncio.sleep(0.05)
-        assert eid not in llm.aborted
-        llm.finish(eid)
-        assert await task == "length"
-
-    asyncio.run(run())
 
 
 # ---------------------------------------------------------------- transport (item 2)
@@ -672,41 +507,3 @@ def test_a_retry_after_a_late_abort_runs_normally(faults):
     retry = httpx.post(url + GENERATE, json=body, timeout=60).json()["choices"][0]
     assert retry["finish_reason"] == "stop" and retry["token_ids"] == [9707, 11, IM_END]
     _wait_idle(url, 5.0)
-
-
-# ---------------------------------------------------------------- last: the engine dies (the server's end)
-
-DEAD = "the engine is dead; this server will restart"
-
-
-@pytest.mark.timeout(300, func_only=True)
-def test_a_real_engine_core_killed_mid_stream(faults):
-    """Open streams end with a 503 error event, /health and new requests answer 503 for the grace
-    period, then the process exits non-zero (so it is restarted). Every answer is checked in process,
-    deterministically (the scripted engine's `die()`): tests/app/generate/test_admission.py. Here the core
-    process is killed (SIGKILL) and vLLM notices at its own speed, so everything is checked in the
-    order it must happen (the error event, then /health and a new request inside the grace the
-    server lingers for, then the exit), not against the wall clock."""
-    stream = StreamReader(faults.url, scripted(PROMPT, [], sampling_params=LONG))
-    stream.wait_events(3)
-    children = psutil.Process(faults.proc.pid).children(recursive=True)
-    killed_at = time.monotonic()
-    for p in engine_cores(faults):
-        os.kill(p.pid, signal.SIGKILL)
-    stream.join(120)
-    assert stream.done(), stream.payloads()[-3:]
-    # Asked the moment the error event arrived: well inside the ENGINE_DEATH_GRACE_S (2 s) the
-    # server stays up after its watchdog notices the death.
-    error_at = stream.events[-2][0]
-    health = httpx.get(faults.url + "/health", timeout=10)
-    new = post(faults.url, {"token_ids": PROMPT})
-    code = faults.proc.wait(120)
-    _, alive = psutil.wait_procs(children, timeout=30)
-    print(f"engine core killed → error event after {error_at - killed_at:.1f} s")
-    *tokens, error, _ = stream.payloads()
-    assert len(tokens) >= 3
-    assert error == {"error": {"message": DEAD, "type": "ServiceUnavailableError", "param": None, "code": 503}}
-    assert (health.status_code, health.json()["error"]["message"]) == (503, "the engine is dead")
-    assert (new.status_code, new.json()["error"]["message"]) == (503, DEAD)
-    assert code == 1, faults.log_tail()
-    assert not alive, f"outlived the server: {alive}"
