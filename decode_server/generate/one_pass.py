@@ -72,7 +72,7 @@ class OnePassStream:
     """One stream: its engine request's collector, its stages, its byte buffer and its writer."""
 
     __slots__ = ("_consumer", "_engine", "_request", "_pipeline", "_engine_stream", "_buffer", "_waiter",
-                 "_error", "_ended", "_engine_done", "_backlogged", "marked")
+                 "_error", "_ended", "_engine_done", "_backlogged", "_buffered_tokens", "marked")
 
     def __init__(self, consumer: StepConsumer, engine: Engine, request: EngineRequest, pipeline: StreamPipeline):
         self._consumer, self._engine, self._request, self._pipeline = consumer, engine, request, pipeline
@@ -83,6 +83,7 @@ class OnePassStream:
         self._ended = False  # nothing more comes: the engine finished it, or it failed
         self._engine_done = False  # the engine holds nothing of it (finished, or vLLM dropped it)
         self._backlogged = False
+        self._buffered_tokens = 0  # the completion tokens whose events are in the buffer or sent
         self.marked = False
 
     # ------------------------------------------------------------ the consumer's side
@@ -112,6 +113,7 @@ class OnePassStream:
         if not data and not self._ended:
             return 0
         self._buffer += data
+        self._buffered_tokens = self._pipeline.tokens
         return self._wake()
 
     def _end_with(self, error: BaseException, *, engine_done: bool) -> None:
@@ -150,6 +152,7 @@ class OnePassStream:
                         self._waiter = None
                 data = bytes(self._buffer)
                 self._buffer.clear()
+                self._pipeline.sent(self._buffered_tokens)
                 if self._backlogged:  # the consumer left its output in the collector: take it now
                     self._backlogged = False
                     self._consumer.mark(self)

@@ -38,6 +38,15 @@ class StreamPipeline:
             return frame(chunks[0])
         return b"".join([frame(chunk) for chunk in chunks])
 
+    @property
+    def tokens(self) -> int:
+        """The completion tokens of every output framed so far."""
+        return self._wire.stats.completion_tokens
+
+    def sent(self, tokens: int) -> None:
+        """Events up to `tokens` completion tokens are handed to the response."""
+        self._wire.stats.sent_tokens = tokens
+
     def tail(self) -> bytes:
         """What follows the last output (the usage chunk, if asked for)."""
         return b"".join([frame(chunk) for chunk in self._wire.tail()])
@@ -48,6 +57,7 @@ async def framed_outputs(pipeline: StreamPipeline, outputs: AsyncIterator[Reques
     async for output in outputs:
         data = pipeline.frames(output)
         if data:
+            pipeline.sent(pipeline.tokens)
             yield data
     tail = pipeline.tail()
     if tail:

@@ -46,8 +46,7 @@ async def test_each_stream_gets_one_event_and_one_write_per_step_from_one_pass(i
     events = sum(len(e) - 1 for e in results)
     # 12 streams in lockstep: ~21 steps, each one pass for all of them.
     assert len(SCRIPT) < passes < 3 * len(SCRIPT), passes
-    assert writes <= events, "a step's events go out in one write"
-    assert writes >= 12 * (len(SCRIPT) + 1), "and every step's as they come: no merged steps"
+    assert writes <= events, "a step's events go out in one write (several steps' when the writer lags)"
     assert wakeups <= writes, "a writer wakes only for events of its own"
 
 
