@@ -20,9 +20,7 @@ the same pass with the error `generate()` would have raised. A stream whose writ
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -31,8 +29,6 @@ from decode_server.compat import on_put
 from decode_server.generate.pipeline.stream import StreamPipeline
 from decode_server.runtime.engine import Engine, EngineRequest, EngineStream
 from decode_server.runtime.metrics import Metrics
-
-log = logging.getLogger("decode_server.generate.one_pass")
 
 # A stream buffers at most this much before its collector is left to vLLM's merging: some
 # hundred events, so a reader that keeps up never meets it, and one that does not costs no more.
