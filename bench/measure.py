@@ -105,16 +105,44 @@ def wait_quiet(meter: CpuMeter, max_wait_s: float, threshold_cores: float = 0.35
     return {"waited_s": round(time.monotonic() - start, 1), "foreign_cores_at_start": round(seen, 3)}
 
 
-def generation_tokens_total(base_url: str) -> float | None:
-    """vLLM's own `vllm:generation_tokens_total` (summed over engines), from /metrics."""
+def scrape(base_url: str) -> dict[str, float]:
+    """What a run reads of a server's /metrics: vLLM's own `vllm:generation_tokens_total` (summed
+    over engines) as `generation_tokens`, and ours' stream counters (`decode_server_stream_*_total`:
+    the one-pass consumer's passes, the writers it woke, the writes) as `passes`, `wakeups`,
+    `writes`; a series the server does not have is absent."""
     try:
         r = httpx.get(base_url + "/metrics", timeout=10, trust_env=False)
     except httpx.HTTPError:
-        return None
+        return {}
     if r.status_code != 200:
+        return {}
+    out = {}
+    for name, pattern in (("generation_tokens", _GEN_TOKENS), *_STREAM_COUNTERS):
+        values = [float(m) for m in pattern.findall(r.text)]
+        if values:
+            out[name] = sum(values)
+    return out
+
+
+def _series(name: str) -> re.Pattern:
+    return re.compile(rf"^{name}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)\s*$", re.M)
+
+
+_STREAM_COUNTERS = tuple((k, _series(f"decode_server_stream_{k}_total")) for k in ("passes", "wakeups", "writes"))
+
+
+def server_counters(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float | None] | None:
+    """Ours' stream counters over a run (issue #30): wake-ups per engine step (per pass of the
+    one-pass consumer) and writes per output token. None for a server without them (vLLM's)."""
+    if "writes" not in after:
         return None
-    values = [float(m) for m in _GEN_TOKENS.findall(r.text)]
-    return sum(values) if values else None
+    delta = {k: after[k] - before.get(k, 0.0) for k, _ in _STREAM_COUNTERS if k in after}
+    passes, wakeups, writes = delta.get("passes"), delta.get("wakeups"), delta.get("writes")
+    return {
+        **delta,
+        "wakeups_per_step": round(wakeups / passes, 3) if passes else None,
+        "writes_per_token": round(writes / tokens, 4) if tokens and writes is not None else None,
+    }
 
 
 def tree_rss_gib(pid: int) -> float | None:

@@ -27,7 +27,7 @@ from typing import Any
 from bench import scenarios, systems
 from bench.fleet import Fleet, render_matches
 from bench.loadgen import LoadResult, arun, run_load
-from bench.measure import CpuMeter, generation_tokens_total, wait_quiet
+from bench.measure import CpuMeter, scrape, server_counters, wait_quiet
 from bench.scenarios import Scenario
 from bench.stats import summarize_load
 from bench.workload import Workload
@@ -63,18 +63,24 @@ class Recorder:
     def run_http(self, server: systems.Server, wl: Workload, sc: Scenario) -> None:
         meter = CpuMeter(server.pid)
         quiet = self.quiet(meter)
-        gen_a, snap_a = generation_tokens_total(server.url), meter.snapshot()
+        scraped_a, snap_a = scrape(server.url), meter.snapshot()
         load = arun(run_load(server.url, wl.requests_of(sc), concurrency=sc.concurrency, requests=sc.requests, time_limit_s=self.time_limit_s))
-        snap_b, gen_b = meter.snapshot(), generation_tokens_total(server.url)
+        snap_b, scraped_b = meter.snapshot(), scrape(server.url)
+        gen_a, gen_b = scraped_a.get("generation_tokens"), scraped_b.get("generation_tokens")
         engine_tokens = None if gen_a is None or gen_b is None else gen_b - gen_a
-        self.record(sc, summarize_load(load), CpuMeter.delta(snap_a, snap_b), engine_tokens, quiet, load)
+        summary = summarize_load(load)
+        counters = server_counters(scraped_a, scraped_b, summary["output_tokens"])
+        self.record(sc, summary, CpuMeter.delta(snap_a, snap_b), engine_tokens, quiet, load, counters)
 
     def run_floor(self, worker: systems.InprocWorker, sc: Scenario) -> None:
         quiet = self.quiet(CpuMeter(worker.pid))
         item = worker.run({**asdict(sc), "name": sc.id, "time_limit_s": self.time_limit_s}, self.time_limit_s + 180)
         self.record(sc, item["summary"], item["cpu"], item["engine_tokens"], quiet)
 
-    def record(self, sc: Scenario, summary: dict, cpu: dict, engine_tokens, quiet, load: LoadResult | None = None) -> None:
+    def record(
+        self, sc: Scenario, summary: dict, cpu: dict, engine_tokens, quiet, load: LoadResult | None = None,
+        counters: dict | None = None,
+    ) -> None:
         toks, wall = summary["output_tokens"], cpu["wall_s"]
         rec: dict[str, Any] = {
             "id": sc.id,
@@ -91,6 +97,8 @@ class Recorder:
             "engine_tok_s": round(engine_tokens / wall, 1) if engine_tokens and wall else None,
             "quiet": quiet,
         }
+        if counters is not None:  # ours: wake-ups per engine step, writes per token (issue #30)
+            rec["server_counters"] = counters
         if load is not None:  # the floor checks its own lengths through its summary's errors
             done = [r for r in load.results if r.completed]
             rec["exact_length"] = bool(done) and all(r.tokens == sc.length for r in done)

@@ -136,3 +136,57 @@ VLLM_DERENDER_WITHOUT_CONTEXT = (
     "output_mode='derender' requires parse_context on a server with a tool or reasoning parser. "
     "Use the one returned by /render."
 )
+
+
+# ------------------------------------------------------------------ one pass per engine step
+
+
+class _PutSignal:
+    """Stands in for a RequestOutputCollector's `ready` event: its `put` sets `ready`, and that set
+    is the only signal a put gives. Nothing awaits this one: the consumer reads the collector with
+    `get_nowait` (generate/one_pass.py), so a put calls `on_put` instead of waking a task."""
+
+    __slots__ = ("_on_put",)
+
+    def __init__(self, on_put: Callable[[], None]):
+        self._on_put = on_put
+
+    def set(self) -> None:
+        self._on_put()
+
+    def clear(self) -> None:
+        pass
+
+    def is_set(self) -> bool:
+        return False
+
+    async def wait(self) -> None:
+        raise RuntimeError("a collector read by the one-pass consumer is read with get_nowait, never awaited")
+
+
+def _collector_signals_puts() -> bool:
+    """Whether vLLM's RequestOutputCollector keeps `output` and signals a put through `ready` (0.32
+    and 0.33 both do); a vLLM that does not gets the fallback, its own `generate()`."""
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    probe = RequestOutputCollector(RequestOutputKind.DELTA, "probe")
+    return hasattr(probe, "ready") and hasattr(probe, "output") and hasattr(probe, "get_nowait")
+
+
+def step_collectors(llm: Any) -> bool:
+    """Whether this engine client's requests can be read by the one-pass consumer: vLLM's AsyncLLM,
+    whose `add_request` returns the request's RequestOutputCollector (`generate()` is a loop over it)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return isinstance(llm, AsyncLLM) and _COLLECTOR_SIGNALS_PUTS
+
+
+def on_put(collector: Any, callback: Callable[[], None]) -> None:
+    """`callback()` on every put into `collector` (one that came before this is reported now)."""
+    collector.ready = _PutSignal(callback)
+    if collector.output is not None:
+        callback()
+
+
+_COLLECTOR_SIGNALS_PUTS = _collector_signals_puts()

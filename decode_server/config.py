@@ -89,6 +89,9 @@ class ServerConfig:
     # aborted with a 504 (runtime/kv_transfer.py): vLLM's NixlConnector does not bound a stalled KV
     # transfer. Queueing for a slot counts, and so does a `recompute` of a failed load.
     remote_prefill_timeout_s: float = field(default_factory=lambda: _env_seconds("DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S", 8))
+    # Streams read by the one consumer, one pass per engine step (generate/one_pass.py); 0: each
+    # stream its own vLLM `generate()` loop, as a vLLM without the collector it reads must have.
+    one_pass_streams: bool = field(default_factory=lambda: os.environ.get("DECODE_SERVER_ONE_PASS", "1") != "0")
 
 
 def _env_seconds(name: str, default: float) -> float:

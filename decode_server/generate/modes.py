@@ -14,13 +14,15 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams
 
-from decode_server.generate.pipeline.derender import derender
-from decode_server.generate.pipeline.logprobs import LogprobForm, chat_form, integer_form, text_form
+from decode_server.generate.pipeline.derender import derender_batch, stream_derender
+from decode_server.generate.pipeline.logprobs import LogprobForm, StepStage, chat_form, integer_form, text_form
 from decode_server.generate.pipeline.steps import ChoiceStep, Step
 from protocol.generate import MODE_TYPES, ModeTypes
 
-# (steps, the plan admission made, prompt token ids, sampling params, stream) → steps
-FinalStage = Callable[[AsyncIterator[Step], Any, list[int], SamplingParams, bool], AsyncIterator[Step]]
+# A batch request's final stage: (steps, the plan admission made) → steps
+BatchStage = Callable[[AsyncIterator[Step], Any], AsyncIterator[Step]]
+# A stream's final stage: (the plan, prompt token ids, sampling params) → its per-step stage
+StreamStage = Callable[[Any, list[int], SamplingParams], StepStage]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,9 @@ class Mode:
     # Reads the chat context (`parse_context` / `chat_request`): admission plans the final stage from it.
     reads_chat_context: bool
     logprobs: LogprobForm
-    final_stage: FinalStage | None  # the last stage before the stats and the wire; None: none
+    # The last stage before the stats and the wire, for a batch request and for a stream; None: none.
+    batch_stage: BatchStage | None
+    stream_stage: StreamStage | None
     types: ModeTypes
     fields: Callable[[ChoiceStep, bool], dict[str, Any]]  # (choice, batch) → the mode's choice fields
 
@@ -52,16 +56,16 @@ def _message(c: ChoiceStep, batch: bool) -> dict[str, Any]:
 
 TOKENS = Mode(
     "tokens", needs_tokenizer=False, needs_text=False, reads_chat_context=False,
-    logprobs=integer_form, final_stage=None, types=MODE_TYPES["tokens"], fields=_no_fields,
+    logprobs=integer_form, batch_stage=None, stream_stage=None, types=MODE_TYPES["tokens"], fields=_no_fields,
 )
 TEXT = Mode(
     "text", needs_tokenizer=True, needs_text=True, reads_chat_context=False,
-    logprobs=text_form, final_stage=None, types=MODE_TYPES["text"], fields=_text,
+    logprobs=text_form, batch_stage=None, stream_stage=None, types=MODE_TYPES["text"], fields=_text,
 )
 # Answers as coupled /v1/chat/completions would: chat's logprob cut, vLLM's parsers.
 DERENDER = Mode(
     "derender", needs_tokenizer=True, needs_text=True, reads_chat_context=True,
-    logprobs=chat_form, final_stage=derender, types=MODE_TYPES["derender"], fields=_message,
+    logprobs=chat_form, batch_stage=derender_batch, stream_stage=stream_derender, types=MODE_TYPES["derender"], fields=_message,
 )
 
 MODES: dict[str, Mode] = {mode.name: mode for mode in (TOKENS, TEXT, DERENDER)}

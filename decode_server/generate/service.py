@@ -1,29 +1,34 @@
 """One generate request end to end, transport-free: admission, the engine request, the stage stack.
 
 `generation()` admits a request and yields its `Generation`, which knows whether it streams:
-`head()` is the batch body or a stream's first chunk, `rest()` a stream's other chunks. The
-output mode's record decides which stages are stacked.
+`head()` is the batch body or a stream's first events, `rest()` a stream's other events (framed
+bytes). The output mode's record decides which stages are stacked. A stream is read by the one
+consumer (one_pass.py), or, as a P/D decode leg under its first-token deadline or where the
+engine client has no collector to read, by a loop over vLLM's `generate()`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
 from vllm.entrypoints.generate.base.serving import GenerateBaseServing
 from vllm.outputs import RequestOutput
 
+from decode_server.compat import step_collectors
 from decode_server.config import ServerConfig
 from decode_server.generate.admission import Admission, Admitted
 from decode_server.generate.fingerprint import parser_fingerprint
+from decode_server.generate.one_pass import OnePassStream, StepConsumer
 from decode_server.generate.pipeline.derender_plan import Derenderer
-from decode_server.generate.pipeline.stats import counted
-from decode_server.generate.pipeline.steps import Step
+from decode_server.generate.pipeline.stats import StepCounter, counted
+from decode_server.generate.pipeline.steps import each
+from decode_server.generate.pipeline.stream import StreamPipeline, framed_outputs
 from decode_server.generate.pipeline.tokens import token_steps
-from decode_server.generate.pipeline.wire import WireContext, batch_response, stream_chunks
+from decode_server.generate.pipeline.wire import StreamWire, WireContext, batch_response
 from decode_server.runtime.engine import Engine, EngineOptions, EngineRequest
 from decode_server.runtime.kv_transfer import first_token_pending, first_token_within
 from decode_server.runtime.lora import Models
@@ -36,27 +41,27 @@ def wire_request_id(caller_id: str) -> str:
 
 
 class Generation:
-    """An admitted request whose engine generator has not started yet."""
+    """An admitted request whose engine request has not started yet: a batch body to await, or a
+    stream's framed events (one block per write)."""
 
-    def __init__(self, request_id: str, ctx: WireContext, steps: AsyncIterator[Step], stats: RequestStats, stream: bool):
+    def __init__(self, request_id: str, stats: RequestStats, *, body: Callable[[], Awaitable[Any]] | None = None,
+                 events: AsyncIterator[bytes] | None = None):
         self.request_id = request_id  # the caller's
-        self.ctx = ctx
-        self.stream = stream
         self.stats = stats
-        self._steps = steps
-        self._chunks: AsyncIterator[Any] | None = None
+        self.stream = events is not None
+        self._body = body
+        self._events = events
 
     async def head(self) -> Any:
-        """What answers first: the batch body, or a stream's first chunk (None: no chunk at all)."""
-        if not self.stream:
-            return await batch_response(self.ctx, self._steps, self.stats)
-        self._chunks = stream_chunks(self.ctx, self._steps, self.stats)
-        return await anext(self._chunks, None)
+        """What answers first: the batch body, or a stream's first events (None: none at all)."""
+        if self._events is None:
+            return await self._body()
+        return await anext(self._events, None)
 
-    def rest(self) -> AsyncIterator[Any]:
-        """A stream's chunks after its head."""
-        assert self._chunks is not None, "a batch request has one body; a stream's rest comes after its head"
-        return self._chunks
+    def rest(self) -> AsyncIterator[bytes]:
+        """A stream's events after its head."""
+        assert self._events is not None, "a batch request has one body; a stream's rest comes after its head"
+        return self._events
 
 
 class GenerateService:
@@ -75,6 +80,9 @@ class GenerateService:
         # vLLM's engine tracing (--otlp-traces-endpoint) is on: a server span per request (tracing.py).
         observability = getattr(engine.llm, "observability_config", None)  # AsyncLLM's; an EngineClient need not have it
         self.tracing = observability is not None and observability.otlp_traces_endpoint is not None
+        # Streams are read once per engine step by one consumer where the engine client allows it.
+        self._one_pass = config.one_pass_streams and step_collectors(engine.llm)
+        self._consumer = StepConsumer(metrics)
 
     @contextlib.asynccontextmanager
     async def generation(
@@ -99,22 +107,36 @@ class GenerateService:
             return_token_ids=bool(req.return_token_ids),
             prompt_tokens_details=self.config.prompt_tokens_details,
         )
-        steps = token_steps(self._outputs(admitted, ctx.request_id, headers, trace_headers), keep_text_only=mode.needs_text)
-        steps = mode.logprobs(steps, sp, self._logprob_tokenizer)
-        if mode.final_stage is not None:
-            steps = mode.final_stage(steps, admitted.plan, req.token_ids, sp, stream)
         stats = RequestStats()
-        return Generation(req.request_id, ctx, counted(steps, stats, final_only=not stream), stats, stream)
-
-    def _outputs(
-        self, admitted: Admitted, wire_id: str, headers: Mapping[str, str], trace_headers: Mapping[str, str] | None
-    ) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs; a decode leg's first one within its deadline (504), or it ends clearly."""
+        logprobs = mode.logprobs(sp, self._logprob_tokenizer)
         kv = admitted.kv_transfer_params
         watch = self._remote_prefill_name(kv)
-        aliases = (wire_id,) if watch is None else (wire_id, watch)
+        aliases = (ctx.request_id,) if watch is None else (ctx.request_id, watch)
+        request = self._engine_request(admitted, aliases, headers, trace_headers)
+        if not stream:
+            steps = token_steps(self._outputs(request, kv, watch), keep_text_only=mode.needs_text)
+            if logprobs is not None:
+                steps = each(steps, logprobs)
+            if mode.batch_stage is not None:
+                steps = mode.batch_stage(steps, admitted.plan)
+            steps = counted(steps, stats, final_only=True)
+            return Generation(req.request_id, stats, body=lambda: batch_response(ctx, steps, stats))
+        stages = [] if logprobs is None else [logprobs]
+        if mode.stream_stage is not None:
+            stages.append(mode.stream_stage(admitted.plan, req.token_ids, sp))
+        stages.append(StepCounter(stats, final_only=False))
+        pipeline = StreamPipeline(mode.needs_text, stages, StreamWire(ctx, stats))
+        if watch is None and self._one_pass:
+            events = OnePassStream(self._consumer, self.engine, request, pipeline).events()
+        else:  # a decode leg's first-token deadline wraps its outputs, or a vLLM without the collector
+            events = framed_outputs(pipeline, self._outputs(request, kv, watch))
+        return Generation(req.request_id, stats, events=events)
+
+    def _outputs(self, request: EngineRequest, kv: dict[str, Any] | None, watch: str | None) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs through vLLM's `generate()`; a decode leg's first one within its
+        deadline (504), or it ends clearly."""
         engine = self.engine
-        outputs = engine.generate(self._engine_request(admitted, aliases, headers, trace_headers))
+        outputs = engine.generate(request)
         if watch is None:
             return outputs
 

@@ -173,10 +173,14 @@ async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
         yield _Head(head, headers, generation.stream)
         if not generation.stream:
             return
+        writes = st.metrics.stream_writes  # one per block of events handed to the response
         record.chunk_sent()
-        async for chunk in generation.rest():
+        if head is not None:
+            writes.inc()
+        async for events in generation.rest():
             record.chunk_sent()
-            yield chunk
+            writes.inc()
+            yield events
 
 
 # ------------------------------------------------------------------ the other routes

@@ -1,4 +1,4 @@
-"""SSE framing through sse-starlette: `data: {json}\\n\\n` per chunk, an error event, then `[DONE]`.
+"""SSE through sse-starlette: the stream's events (framed bytes, or chunks framed here), an error event, then `[DONE]`.
 
 The per-event path is kept to one ASGI send: sse-starlette's own send timeout opens an anyio cancel
 scope (and schedules a timer) around every event, which cost more than the rest of the frame
@@ -14,31 +14,32 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-import msgspec
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from decode_server.errors import describe
+from decode_server.generate.pipeline.frames import DONE, frame
 from protocol.errors import error_body
 
 log = logging.getLogger("decode_server.http.sse")
 
-_encoder = msgspec.json.Encoder()
-DONE = b"data: [DONE]\n\n"
+__all__ = ["DONE", "frame", "sse_response"]
 # A send that is still the same pending send at this many consecutive looks is a stalled reader:
 # the cut comes between the limit and 1.25 × the limit.
 _LOOKS_PER_LIMIT = 4
 
 
-def frame(obj: Any) -> bytes:
-    return b"data: " + _encoder.encode(obj) + b"\n\n"
+def _bytes(chunk: Any) -> bytes:
+    # A generate stream's events come framed already (generate/pipeline/stream.py); a chunk
+    # object is framed here.
+    return chunk if type(chunk) is bytes else frame(chunk)
 
 
 async def _framed(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     try:
         if first is not None:
-            yield frame(first)
+            yield _bytes(first)
         async for chunk in rest:
-            yield frame(chunk)
+            yield _bytes(chunk)
     except Exception as e:  # an error after the 200 went out can only travel as an event
         error = describe(e)
         log.warning("stream ended with an error event (%d): %s", error.status, error.message)

@@ -13,7 +13,6 @@ import itertools
 import logging
 import os
 import select
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -29,34 +28,9 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from decode_server.config import EARLY_ABORT_MAX_IDS, EARLY_ABORT_TTL_S, STATS_LOG_INTERVAL_S
 from decode_server.errors import describe
 from decode_server.runtime.kv_transfer import is_remote_prefill
+from decode_server.runtime.recent_ids import RecentIds
 
 log = logging.getLogger("decode_server.runtime.engine")
-
-
-class _RecentIds:
-    """Ids noted in the last `ttl_s` seconds, at most `cap` of them (the oldest go first)."""
-
-    def __init__(self, ttl_s: float, cap: int):
-        self.ttl_s, self.cap = ttl_s, cap
-        self._at: dict[str, float] = {}
-
-    def add(self, key: str) -> None:
-        self._at.pop(key, None)
-        self._at[key] = time.monotonic()
-        self._prune()
-
-    def pop(self, key: str) -> bool:
-        self._prune()
-        return self._at.pop(key, None) is not None
-
-    def __contains__(self, key: object) -> bool:
-        self._prune()
-        return key in self._at
-
-    def _prune(self) -> None:
-        at, cutoff = self._at, time.monotonic() - self.ttl_s
-        while at and (len(at) > self.cap or next(iter(at.values())) < cutoff):
-            del at[next(iter(at))]
 
 
 class _CoreWatch:
@@ -119,6 +93,30 @@ class EngineRequest:
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
+def _prompt(request: EngineRequest) -> Any:
+    # Rendered input, as vLLM's generate hands it over: AsyncLLM processes it inline instead of
+    # queueing a raw prompt on its renderer executor (one worker: a serialisation point).
+    return tokens_input(request.token_ids, cache_salt=request.cache_salt)
+
+
+class EngineStream:
+    """One request added for the one-pass consumer: its collector, and what `generate()` does when
+    it ends (abort it unless it finished, close the collector, leave the registry)."""
+
+    __slots__ = ("_engine", "collector", "engine_id", "_names")
+
+    def __init__(self, engine: Engine, collector: Any, engine_id: str, names: tuple[str, ...]):
+        self._engine, self.collector, self.engine_id, self._names = engine, collector, engine_id, names
+
+    async def abort(self) -> None:
+        """As vLLM's `generate()` aborts a request its caller left: by the collector's (internal) id."""
+        await self._engine.llm.abort(self.collector.request_id, internal=True)
+
+    def release(self) -> None:
+        self.collector.close()
+        self._engine._unregister(self.engine_id, self._names)
+
+
 class Engine:
     def __init__(self, llm: AsyncLLM, tokens_only: bool):
         self.llm = llm
@@ -136,8 +134,8 @@ class Engine:
         self._live: dict[str, set[str]] = {}
         # Aborts that found no live request (it may still be in transit), and ids just finished
         # (an abort after the end is late, not early: a retry with the same id must run).
-        self._early_aborts = _RecentIds(EARLY_ABORT_TTL_S, EARLY_ABORT_MAX_IDS)
-        self._finished = _RecentIds(EARLY_ABORT_TTL_S, EARLY_ABORT_MAX_IDS)
+        self._early_aborts = RecentIds(EARLY_ABORT_TTL_S, EARLY_ABORT_MAX_IDS)
+        self._finished = RecentIds(EARLY_ABORT_TTL_S, EARLY_ABORT_MAX_IDS)
         self._abort_tasks: set[asyncio.Task] = set()
         self._seq = itertools.count()
         self._stats_task: asyncio.Task | None = None
@@ -213,32 +211,50 @@ class Engine:
         return set(self._live.get(name, ()))
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Run one request; the registry entry lives exactly as long as this generator."""
+        """Run one request through vLLM's `generate()`; the registry entry lives exactly as long as
+        this generator."""
+        engine_id, names = self._register(request)
+        try:
+            async for output in self.llm.generate(
+                _prompt(request), request.sampling_params, engine_id, **request.options.as_kwargs()
+            ):
+                yield output
+        finally:
+            self._unregister(engine_id, names)
+
+    async def open(self, request: EngineRequest) -> EngineStream:
+        """Add one request and hand back its output collector (what `generate()` loops over), for
+        the one-pass consumer; the registry entry lives until the stream is released."""
+        engine_id, names = self._register(request)
+        try:
+            collector = await self.llm.add_request(
+                engine_id, _prompt(request), request.sampling_params, **request.options.as_kwargs()
+            )
+        except BaseException:
+            self._unregister(engine_id, names)
+            raise
+        return EngineStream(self, collector, engine_id, names)
+
+    def _register(self, request: EngineRequest) -> tuple[str, tuple[str, ...]]:
         caller_id = request.caller_id
         # A per-process sequence keeps engine ids unique when callers reuse an id.
         engine_id = f"decode-{next(self._seq)}-{caller_id}"
-        # Rendered input, as vLLM's generate hands it over: AsyncLLM processes it inline instead of
-        # queueing a raw prompt on its renderer executor (one worker: a serialisation point).
-        prompt = tokens_input(request.token_ids, cache_salt=request.cache_salt)
         # Abort finds the request by the id the caller sent or by any alias the response showed.
         names = (caller_id, *request.aliases)
         for name in names:
             self._live.setdefault(name, set()).add(engine_id)
         if any([self._early_aborts.pop(name) for name in names]):  # its abort came first
             self._abort_when_admitted(caller_id, engine_id)
-        try:
-            async for output in self.llm.generate(
-                prompt, request.sampling_params, engine_id, **request.options.as_kwargs()
-            ):
-                yield output
-        finally:
-            for name in names:
-                ids = self._live.get(name)
-                if ids is not None:
-                    ids.discard(engine_id)
-                    if not ids:
-                        del self._live[name]
-                self._finished.add(name)
+        return engine_id, names
+
+    def _unregister(self, engine_id: str, names: tuple[str, ...]) -> None:
+        for name in names:
+            ids = self._live.get(name)
+            if ids is not None:
+                ids.discard(engine_id)
+                if not ids:
+                    del self._live[name]
+            self._finished.add(name)
 
     def knows(self, caller_id: str) -> bool:
         """Whether this process holds a request by that name, or just finished one."""

@@ -78,7 +78,20 @@ class Metrics:
         )
         for outcome in REMOTE_PREFILL_OUTCOMES:  # at 0 from the start: a rule's ratio has its denominator
             self.remote_prefill.labels(outcome)
+        self._stream_series(single)
         self._process_series(single)
+
+    def _stream_series(self, single: Callable[..., Any]) -> None:
+        """How streams are served (issue #30; the bench records them): the consumer's passes (one
+        per engine step with stream outputs), the writers it woke, and the writes of every stream
+        (÷ the tokens streamed: writes per token)."""
+        self.stream_passes = single(
+            Counter, "decode_server_stream_passes", "Passes of the one-pass stream consumer (one per engine step with stream outputs)"
+        )
+        self.stream_wakeups = single(
+            Counter, "decode_server_stream_wakeups", "Stream writers woken by the one-pass consumer (one per stream that got events in a pass)"
+        )
+        self.stream_writes = single(Counter, "decode_server_stream_writes", "Writes of stream events to the response (one per wake-up)")
 
     def _process_series(self, single: Callable[..., Any]) -> None:
         """This process's own state: CPU, the drain, peers' aborts, per-request state held."""

@@ -28,6 +28,9 @@ class RequestStats:
     first_token_at: float | None = None  # time.monotonic()
     finish_reasons: list[str] = field(default_factory=list)
     cached_tokens: int | None = None  # prefix-cache hits, as the engine reports them
+    # Completion tokens whose events have been handed to the response (a stream's events are made
+    # when their engine step comes, and written when its writer runs: ITL is measured at the write).
+    sent_tokens: int = 0
 
 
 class RequestRecord:
@@ -55,7 +58,7 @@ class RequestRecord:
     def chunk_sent(self) -> None:
         """A stream chunk is on its way: one inter-token sample per chunk that carried tokens (the
         first token's wait is TTFT, not a gap between tokens)."""
-        tokens = self._stats.completion_tokens
+        tokens = self._stats.sent_tokens
         new = tokens - self._itl_seen
         if new > 0:
             now = time.monotonic()

@@ -4,14 +4,14 @@ The parser is vLLM's own (`ParserManager.get_parser`, reasoning + tool parser),
 built per choice exactly as coupled `/v1/chat/completions` builds it, fed each
 token's delta once (stream: a merged engine step is cut per token and what its
 pieces produce goes out as one delta, token_text_ends.py) or the engine's final,
-stop-cut text once (batch), and dropped with the generator. Message assembly and finish_reason follow
+stop-cut text once (batch), and dropped with the stream's stage. Message assembly and finish_reason follow
 coupled chat (`vllm/entrypoints/openai/chat_completion/serving.py`), the
 parity oracle; docs/vllm-derender-notes.md has the line references.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from vllm.sampling_params import SamplingParams
 
 from decode_server.generate.pipeline.delta_merge import merge_deltas
 from decode_server.generate.pipeline.derender_plan import DerenderPlan
-from decode_server.generate.pipeline.steps import ChoiceStep, Step, role_step
+from decode_server.generate.pipeline.steps import ChoiceStep, Step, each, role_step
 from decode_server.generate.pipeline.token_aligned_text import TokenAlignedText, holds_text_back
 from decode_server.generate.pipeline.token_text_ends import MergedSteps, Piece
 from protocol.chat import ChatMessage, DeltaMessage, FunctionCall, ToolCall, assistant_message
@@ -60,39 +60,41 @@ class _StreamState:
     tools_streamed: bool = False
 
 
-def derender(
-    steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams, stream: bool
-) -> AsyncIterator[Step]:
-    """The derender stage for a stream (deltas) or a batch (one message per choice)."""
-    return derender_stream(steps, plan, prompt_token_ids, sp) if stream else derender_batch(steps, plan)
-
-
-async def derender_stream(
+def derender_stream(
     steps: AsyncIterator[Step], plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams
 ) -> AsyncIterator[Step]:
-    """Streaming: parse_delta per token, one delta per engine output; a role-only chunk opens each choice."""
+    """`stream_derender` over an async source (tests, the derender bench)."""
+    return each(steps, stream_derender(plan, prompt_token_ids, sp))
+
+
+def stream_derender(plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams) -> Callable[[Step], None]:
+    """The derender stage of one stream, a plain call per engine step: parse_delta per token, one
+    delta per engine output; a role-only chunk opens each choice."""
     if plan.request is None:
-        async for step in _plain_stream(steps, plan):
-            yield step
-        return
-    states: dict[int, _StreamState] = {}
-    align = holds_text_back(sp)
-    tokenizer = plan.derenderer.tokenizer
-    try:
-        async for step in steps:
-            choices: list[ChoiceStep] = []
-            for c in step.choices:
-                st = states.get(c.index)
-                if st is None:
-                    split = (TokenAlignedText if align else MergedSteps)(tokenizer, prompt_token_ids, sp)
-                    st = states[c.index] = _StreamState(plan.new_parser(), split)
-                    choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
-                _parse_delta(plan, st, c, prompt_token_ids)
-                choices.append(c)
-            step.choices = choices
-            yield step
-    finally:
-        states.clear()
+        return _PlainStream(plan)
+    return _ParsedStream(plan, prompt_token_ids, sp)
+
+
+class _ParsedStream:
+    __slots__ = ("_plan", "_prompt_token_ids", "_sp", "_align", "_states")
+
+    def __init__(self, plan: DerenderPlan, prompt_token_ids: list[int], sp: SamplingParams):
+        self._plan, self._prompt_token_ids, self._sp = plan, prompt_token_ids, sp
+        self._align = holds_text_back(sp)
+        self._states: dict[int, _StreamState] = {}
+
+    def __call__(self, step: Step) -> None:
+        plan, states = self._plan, self._states
+        choices: list[ChoiceStep] = []
+        for c in step.choices:
+            st = states.get(c.index)
+            if st is None:
+                split = (TokenAlignedText if self._align else MergedSteps)(plan.derenderer.tokenizer, self._prompt_token_ids, self._sp)
+                st = states[c.index] = _StreamState(plan.new_parser(), split)
+                choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
+            _parse_delta(plan, st, c, self._prompt_token_ids)
+            choices.append(c)
+        step.choices = choices
 
 
 def _parse_delta(plan: DerenderPlan, st: _StreamState, c: ChoiceStep, prompt_token_ids: list[int]) -> None:
@@ -186,19 +188,24 @@ async def _vllm_assembles(plan: DerenderPlan, step: Step, c: ChoiceStep) -> None
         c.withhold_metadata()
 
 
-async def _plain_stream(steps: AsyncIterator[Step], plan: DerenderPlan) -> AsyncIterator[Step]:
+class _PlainStream:
     """No parser configured: the text is the content, after a role-only chunk (as coupled chat)."""
-    started: set[int] = set()
-    async for step in steps:
+
+    __slots__ = ("_role", "_started")
+
+    def __init__(self, plan: DerenderPlan):
+        self._role = plan.role
+        self._started: set[int] = set()
+
+    def __call__(self, step: Step) -> None:
         choices: list[ChoiceStep] = []
         for c in step.choices:
-            if c.index not in started:
-                started.add(c.index)
-                choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
+            if c.index not in self._started:
+                self._started.add(c.index)
+                choices.append(role_step(c.index, DeltaMessage(role=self._role, content="")))
             c.delta = DeltaMessage(content=c.text)
             choices.append(c)
         step.choices = choices
-        yield step
 
 
 def _assemble_message(

@@ -16,7 +16,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.serving import _clamp_logprob
 from vllm.sampling_params import SamplingParams
 
 from decode_server.compat import TOP_LOGPROBS_CUT
-from decode_server.generate.pipeline.steps import Step
+from decode_server.generate.pipeline.steps import Step, each
 from protocol.chat import ChatLogProb, ChatLogProbs, ChatLogProbsContent
 from protocol.generate import GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent
 
@@ -82,37 +82,39 @@ def text_logprobs(
     return ChatLogProbs(content=content)
 
 
-async def with_integer_logprobs(steps: AsyncIterator[Step], num_top: int) -> AsyncIterator[Step]:
-    async for step in steps:
-        for choice in step.choices:
-            choice.logprobs = integer_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top)
-        yield step
+def add_integer_logprobs(step: Step, num_top: int) -> None:
+    for choice in step.choices:
+        choice.logprobs = integer_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top)
 
 
-async def with_text_logprobs(
-    steps: AsyncIterator[Step], num_top: int, tokenizer: Any, cut: Callable[[int, int], int] = _top_count
-) -> AsyncIterator[Step]:
-    async for step in steps:
-        for choice in step.choices:
-            choice.logprobs = text_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top, tokenizer, cut)
-        yield step
+def add_text_logprobs(step: Step, num_top: int, tokenizer: Any, cut: Callable[[int, int], int] = _top_count) -> None:
+    for choice in step.choices:
+        choice.logprobs = text_logprobs(choice.token_ids or [], choice.raw_logprobs or [], num_top, tokenizer, cut)
 
 
-# ------------------------------------------------------------------ the forms (steps, sp, tokenizer) → steps
-
-LogprobForm = Callable[[AsyncIterator[Step], SamplingParams, Any], AsyncIterator[Step]]
-
-
-def integer_form(steps: AsyncIterator[Step], sp: SamplingParams, tokenizer: Any) -> AsyncIterator[Step]:
-    return steps if sp.logprobs is None else with_integer_logprobs(steps, sp.logprobs)
+def with_integer_logprobs(steps: AsyncIterator[Step], num_top: int) -> AsyncIterator[Step]:
+    return each(steps, lambda step: add_integer_logprobs(step, num_top))
 
 
-def text_form(steps: AsyncIterator[Step], sp: SamplingParams, tokenizer: Any) -> AsyncIterator[Step]:
-    return steps if sp.logprobs is None else with_text_logprobs(steps, sp.logprobs, tokenizer)
+# ------------------------------------------------------------------ the forms (sp, tokenizer) → a per-step stage or None
+
+StepStage = Callable[[Step], None]  # one engine step's Step, enriched in place
+LogprobForm = Callable[[SamplingParams, Any], StepStage | None]
 
 
-def chat_form(steps: AsyncIterator[Step], sp: SamplingParams, tokenizer: Any) -> AsyncIterator[Step]:
+def integer_form(sp: SamplingParams, tokenizer: Any) -> StepStage | None:
+    num_top = sp.logprobs
+    return None if num_top is None else lambda step: add_integer_logprobs(step, num_top)
+
+
+def text_form(sp: SamplingParams, tokenizer: Any) -> StepStage | None:
+    num_top = sp.logprobs
+    return None if num_top is None else lambda step: add_text_logprobs(step, num_top, tokenizer)
+
+
+def chat_form(sp: SamplingParams, tokenizer: Any) -> StepStage | None:
     """As coupled chat answers: its top-k cut, also for `logprob_token_ids` alone."""
     if sp.logprobs is None and not sp.logprob_token_ids:
-        return steps
-    return with_text_logprobs(steps, sp.logprobs, tokenizer, chat_top_count(sp.logprobs, bool(sp.logprob_token_ids)))
+        return None
+    num_top, cut = sp.logprobs, chat_top_count(sp.logprobs, bool(sp.logprob_token_ids))
+    return lambda step: add_text_logprobs(step, num_top, tokenizer, cut)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,3 +53,10 @@ def role_step(index: int, delta: DeltaMessage) -> ChoiceStep:
         index=index, token_ids=[], num_tokens=0, finish_reason=None, stop_reason=None, text="",
         raw_logprobs=None, extras={}, delta=delta,
     )
+
+
+async def each(steps: AsyncIterator[Step], stage: Callable[[Step], None]) -> AsyncIterator[Step]:
+    """A per-step stage over an async source of steps (a batch request's one step)."""
+    async for step in steps:
+        stage(step)
+        yield step

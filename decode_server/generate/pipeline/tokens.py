@@ -24,30 +24,35 @@ def _passthrough(out: Any) -> dict[str, Any]:
 
 
 async def token_steps(outputs: AsyncIterator[RequestOutput], *, keep_text_only: bool) -> AsyncIterator[Step]:
-    """One Step per engine output.
+    """One Step per engine output (`to_step` over an async source: the batch path and tests)."""
+    async for output in outputs:
+        yield to_step(output, keep_text_only)
+
+
+def to_step(output: RequestOutput, keep_text_only: bool) -> Step:
+    """The Step of one engine output.
 
     A choice is kept when it has new token ids or a finish reason (so an abort
     always reaches the client), or, with `keep_text_only`, new text alone (text
     held back for stop-string matching is flushed without new ids).
     """
-    async for output in outputs:
-        step = Step(output)
-        for out in output.outputs:
-            if out.finish_reason == "error":
-                raise EngineGenerationError("Internal server error")
-            token_ids = out.token_ids
-            if not (token_ids or out.finish_reason is not None or (keep_text_only and out.text)):
-                continue
-            step.choices.append(
-                ChoiceStep(
-                    index=out.index,
-                    token_ids=list(token_ids),
-                    num_tokens=len(token_ids),
-                    finish_reason=out.finish_reason,
-                    stop_reason=out.stop_reason,
-                    text=out.text,
-                    raw_logprobs=out.logprobs,
-                    extras=_passthrough(out),
-                )
+    step = Step(output)
+    for out in output.outputs:
+        if out.finish_reason == "error":
+            raise EngineGenerationError("Internal server error")
+        token_ids = out.token_ids
+        if not (token_ids or out.finish_reason is not None or (keep_text_only and out.text)):
+            continue
+        step.choices.append(
+            ChoiceStep(
+                index=out.index,
+                token_ids=list(token_ids),
+                num_tokens=len(token_ids),
+                finish_reason=out.finish_reason,
+                stop_reason=out.stop_reason,
+                text=out.text,
+                raw_logprobs=out.logprobs,
+                extras=_passthrough(out),
             )
-        yield step
+        )
+    return step

@@ -66,15 +66,33 @@ def _cached(ctx: WireContext, stats: RequestStats) -> int | None:
 
 
 async def stream_chunks(ctx: WireContext, steps: AsyncIterator[Step], stats: RequestStats) -> AsyncIterator[Any]:
-    mode = ctx.mode
-    types = mode.types
-    prompt_ids: list[int] | None = None
-    first = True
+    """`StreamWire` over an async source (tests)."""
+    wire = StreamWire(ctx, stats)
     async for step in steps:
-        if first:
-            first = False
+        for chunk in wire.chunks(step):
+            yield chunk
+    for chunk in wire.tail():
+        yield chunk
+
+
+class StreamWire:
+    """One stream's wire: a step's chunks (one per choice update), then the tail (the usage chunk)."""
+
+    __slots__ = ("ctx", "stats", "_first", "_prompt_ids")
+
+    def __init__(self, ctx: WireContext, stats: RequestStats):
+        self.ctx, self.stats, self._first = ctx, stats, True
+        self._prompt_ids: list[int] | None = None  # the prompt's ids ride on the stream's first chunk
+
+    def chunks(self, step: Step) -> list[Any]:
+        ctx, stats = self.ctx, self.stats
+        mode = ctx.mode
+        types = mode.types
+        if self._first:
+            self._first = False
             if ctx.return_token_ids:
-                prompt_ids = list(step.output.prompt_token_ids or ())
+                self._prompt_ids = list(step.output.prompt_token_ids or ())
+        out = []
         for c in step.choices:
             if not c.emit:
                 continue
@@ -84,16 +102,17 @@ async def stream_chunks(ctx: WireContext, steps: AsyncIterator[Step], stats: Req
                 output_mode=mode.name,
                 choices=[_choice(mode, types.stream_choice, c, batch=False)],
             )
-            if prompt_ids is not None:
-                chunk.prompt_token_ids, prompt_ids = prompt_ids, None
-            yield chunk
-    if ctx.include_usage:
-        yield UsageChunk(
-            request_id=ctx.request_id,
-            usage=_usage(stats.prompt_tokens, stats.completion_tokens, FinalStreamUsage, _cached(ctx, stats)),
-            output_mode=mode.name,
-            choices=[],
-        )
+            if self._prompt_ids is not None:
+                chunk.prompt_token_ids, self._prompt_ids = self._prompt_ids, None
+            out.append(chunk)
+        return out
+
+    def tail(self) -> list[Any]:
+        ctx, stats = self.ctx, self.stats
+        if not ctx.include_usage:
+            return []
+        usage = _usage(stats.prompt_tokens, stats.completion_tokens, FinalStreamUsage, _cached(ctx, stats))
+        return [UsageChunk(request_id=ctx.request_id, usage=usage, output_mode=ctx.mode.name, choices=[])]
 
 
 async def batch_response(ctx: WireContext, steps: AsyncIterator[Step], stats: RequestStats) -> Any:
