@@ -12,6 +12,8 @@ not is listed with the error it gives, which is asserted."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.support import chat_cases as cc
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(scope="module", autouse=True)
 def parsers_doc():
     yield
-    report.write_if_asked(fm.ROWS, fm.OPEN, SWEEP, LISTED)
+    report.write_if_asked(fm.ALL_ROWS, fm.OPEN, SWEEP, LISTED)
 
 
 @pytest.fixture(scope="session")
@@ -121,11 +123,17 @@ async def _any_chunking(p: Pair, row_id: str, case: fm.Case, unmerged: Side) -> 
     script = p.tokenizer.encode(case.text, add_special_tokens=False)
     request = await p.derender_request(cc.chat_body(**case.chat), script)
     want = (cc.without_ids(unmerged.folded(0)), unmerged.stream_finish(0))
-    for interval, n, stop in CHUNKINGS:
+
+    def chunked(interval: int, n: int, stop: bool) -> dict:
         sampling = {**request["sampling_params"], "stream_interval": interval, "n": n}
         if stop:
             sampling["stop"] = [*(sampling.get("stop") or []), NEVER_MATCHING]
-        side = await p.ours_streamed({**request, "sampling_params": sampling})
+        return {**request, "sampling_params": sampling}
+
+    # All chunkings at once: the engine steps them together (one step, one lockstep wait for all
+    # streams, instead of one per stream), and each stream keeps its own parser and interval.
+    sides = await asyncio.gather(*(p.ours_streamed(chunked(*chunking)) for chunking in CHUNKINGS))
+    for (interval, n, stop), side in zip(CHUNKINGS, sides):
         for i in range(n):
             got = (cc.without_ids(side.folded(i)), side.stream_finish(i))
             assert got == want, f"{row_id} {case.name}: stream_interval={interval} n={n} stop={stop} choice {i}"
