@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.support.chat_cases import without_ids
 from tests.support.parser_matrix.coverage import NEW_IN_033, REFUSED_ON_THE_DEMO_VOCABULARY, SWEPT
-from tests.support.parser_matrix.families import ALL_ROWS, LINE
+from tests.support.parser_matrix.families import ALL_ROWS, LINE, OPEN
 from tests.support.parser_matrix.verdicts import finish_verdict, verdict
 
 PASSED: dict[str, set[str]] = {}
@@ -228,6 +228,8 @@ def names_table(tools: list[str], reasonings: list[str]) -> list[str]:
             lines = "0.33" if (kind, name) in NEW_IN_033 else "0.32, 0.33"
             if homes:
                 status = "judged" + ("; refused at start-up on the demo vocabulary" if (kind, name) in REFUSED_ON_THE_DEMO_VOCABULARY else "")
+            elif any((r.tool_parser if kind == "tool" else r.reasoning_parser) == name for r in OPEN):
+                status = "open: its row does not pass yet (see Open below)"
             elif name in SWEPT[kind]:
                 status = "generic sweep only: parity, " + NOT_JUDGED_SWEEP
             else:
