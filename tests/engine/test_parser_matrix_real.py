@@ -5,8 +5,8 @@ engine; tests/engine/decode/test_scripted_parity.py proves the scripted engine a
 generic parser class (DelegatingParser: qwen3 + hermes). Here the same for the other classes
 vLLM's ParserManager composes that the matrix runs: `hf` (ResponseTemplateParser, the family
 model's response_template), HarmonyParser (the gpt-oss model: o200k, openai_harmony, a real
-GptOssForCausalLM with dummy weights) and KimiK3Parser (the kimi_k3 reasoning parser, on the demo
-model, as the matrix's sweep runs it). Our server on a real engine answers every case of the
+GptOssForCausalLM with dummy weights) and KimiK3Parser (the kimi_k3 parsers, on the Kimi K3
+family model, as the matrix's row runs them). Our server on a real engine answers every case of the
 row as our app over the scripted engine does — each choice's batch message and finish_reason,
 and the folded stream (the real engine may merge steps, so not chunk by chunk).
 Real engines, one per class, all started at once by the module's fixture.
@@ -38,7 +38,6 @@ import pytest
 from tests.support import chat_cases as cc
 from tests.support import servers
 from tests.support.parser_matrix import families as fm
-from tests.support.parser_matrix.coverage import SWEEP, sweep_cases
 from tests.support.parser_matrix.harness import pair
 from tests.support.parser_matrix.models import family_model
 from tests.support.processes import detached_engine_cores, engine_cores
@@ -50,8 +49,8 @@ pytestmark = pytest.mark.real_engine
 HF_ROW = next(row for row in fm.ROWS if row.tool_parser == "hf")
 GPT_OSS_ROW = next(row for row in fm.ROWS if row.family == "gpt_oss")
 # ParserManager composes KimiK3Parser for the kimi_k3 parser name on any model (not by model type):
-# the sweep's configuration with the kimi_k3 reasoning parser, on the demo model.
-KIMI_K3 = next((tool, reasoning) for tool, reasoning in SWEEP if reasoning == "kimi_k3")
+# the matrix's Kimi K3 row, on its family model.
+KIMI_K3_ROW = next(row for row in fm.ROWS if row.reasoning_parser == "kimi_k3")
 # The scale-out death's streams (on the demo vocabulary): ended by the death, not by their length.
 PROMPT = [9707, 11, 1879]
 LONG = {"max_tokens": 4000, "ignore_eos": True}
@@ -117,7 +116,7 @@ class Run:
 RUNS = [
     Run("hf", "ResponseTemplateParser", HF_ROW.family, HF_ROW.flags, _row_cases(HF_ROW)),
     Run("gpt-oss", "HarmonyParser", GPT_OSS_ROW.family, GPT_OSS_ROW.flags, _row_cases(GPT_OSS_ROW)),
-    Run("kimi-k3", "KimiK3Parser", None, fm.flags(*KIMI_K3), sweep_cases(KIMI_K3[0] is not None)),
+    Run("kimi-k3", "KimiK3Parser", KIMI_K3_ROW.family, KIMI_K3_ROW.flags, _row_cases(KIMI_K3_ROW)),
 ]
 
 

@@ -98,6 +98,16 @@ FAMILIES: dict[str, Family] = {
         ),
         Family("glm45", tuple((t, False) for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"))),
         Family("llama3", (("<|python_tag|>", True), ("<|eom_id|>", True))),
+        # Llama 4: pythonic calls between special python markers.
+        Family("llama4", (("<|python_start|>", True), ("<|python_end|>", True))),
+        # IBM Granite 3.x: <|tool_call|> is one special token (vLLM's granite parser reads it by id,
+        # with skip_special_tokens off); its thinking markers are plain text.
+        Family("granite", (("<|tool_call|>", True),)),
+        # Moonshot Kimi K3: XTML channels built from three special tokens (vLLM's kimi_k3 parsers
+        # decode with skip_special_tokens off and find the markers as id subsequences).
+        Family("kimi_k3", tuple((t, True) for t in ("<|open|>", "<|close|>", "<|sep|>"))),
+        # InternLM2: the action markers are special (vLLM's internlm parser turns skipping off).
+        Family("internlm", tuple((t, True) for t in ("<|action_start|>", "<|action_end|>", "<|plugin|>"))),
         Family(
             "seed_oss",
             tuple((t, False) for t in ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>")),

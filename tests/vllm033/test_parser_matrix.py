@@ -2,7 +2,7 @@
 coupled chat over the same scripted outputs — every family row of 0.33's line
 (tests/support/parser_matrix/families.ROWS, each with its chunking property), the generic sweep of the
 names only 0.33 registers, the start-up refusals of names that cannot run on the demo vocabulary,
-and the completeness check on 0.33's registries."""
+the completeness check on 0.33's registries, and docs/parsers.md's names table against them."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from tests.app.vllm.test_parser_matrix import (  # noqa: F401 (collected here)
     demo_tokenizer,
     test_a_parser_a_new_vllm_registers_fails_the_completeness_check,
     test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_reason,
+    test_a_stale_parsers_doc_fails_the_check,
+    test_docs_parsers_md_is_generated_from_these_rows,
     test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason,
     test_family_row_matches_vllms_chat,
     test_sweep_parser_matches_vllms_chat as _sweep_row,

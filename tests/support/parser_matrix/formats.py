@@ -91,6 +91,47 @@ def _pythonic(args: dict[str, Any]) -> str:
     return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
 
 
+def _pythonic_list(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    return "[" + ", ".join(f"{n}({_pythonic(a)})" for n, a in calls) + "]"
+
+
+def _json_list(marker: str) -> Callable:
+    # The turn's calls as one JSON list after a marker, no closing marker (Granite 3.x, Phi-4-mini).
+    return lambda calls: marker + json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
+
+
+def _granite_thought(text: str) -> str:
+    # Granite 3.2's thinking mode: plain-text markers around the thought, then the answer.
+    return f"Here is my thought process:\n{text}\nHere is my response:\n"
+
+
+def _dsml(calls_tag: str, sep: str = "") -> Callable:
+    # DeepSeek's DSML (V3.2, V4; V4.1 with a space after the marker): strings raw, other values JSON.
+    mark = f"｜DSML｜{sep}"
+    param = lambda k, v: (  # noqa: E731
+        f'<{mark}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+        f"{v if isinstance(v, str) else json.dumps(v)}</{mark}parameter>\n"
+    )
+    return _each(
+        lambda n, a, i: f'<{mark}invoke name="{n}">\n' + "".join(param(k, v) for k, v in a.items()) + f"</{mark}invoke>\n",
+        "",
+        f"<{mark}{calls_tag}>\n",
+        f"</{mark}{calls_tag}>",
+    )
+
+
+def _xtml(tag: str, text: str) -> str:
+    # Kimi K3's XTML: <|open|>, <|sep|> and <|close|> are special tokens around each channel.
+    return f"<|open|>{tag}<|sep|>{text}<|close|>{tag.split()[0]}<|sep|>"
+
+
+def _kimi_k3_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    def argument(k: str, v: Any) -> str:
+        return _xtml(f'argument key="{k}" type="{"string" if isinstance(v, str) else "number"}"', v if isinstance(v, str) else json.dumps(v))
+
+    return _xtml("tools", "".join(_xtml(f'call tool="{n}" index="{i + 1}"', "".join(argument(k, v) for k, v in a.items())) for i, (n, a) in enumerate(calls)))
+
+
 def _minimax_m3(n: str, a: dict[str, Any], i: int) -> str:
     ns = MINIMAX_M3_NS
     return f'{ns}<invoke name="{n}">' + "".join(f"{ns}<{k}>{v if isinstance(v, str) else json.dumps(v)}{ns}</{k}>" for k, v in a.items()) + f"{ns}</invoke>"
@@ -202,6 +243,45 @@ FORMATS: dict[str, Format] = {
             "<ifm|tool_calls>",
             "</ifm|tool_calls>",
         ),
+    ),
+    # Granite 3.x: one JSON list of the turn's calls after <|tool_call|>, no closing marker.
+    "granite": Format(_granite_thought, _json_list("<|tool_call|>"), after_calls=lambda text: ""),
+    # granite-20b-functioncalling: each call a JSON object after its own <function_call>.
+    "granite_20b_fc": Format(
+        _granite_thought,
+        _each(lambda n, a, i: f"<function_call> {json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}", "\n"),
+        after_calls=lambda text: "",
+    ),
+    # Pythonic (Llama 3.2, ToolACE): the whole output is a Python list of calls.
+    "pythonic": Format(_think, _pythonic_list, after_calls=lambda text: ""),
+    # Llama 4: the same list between <|python_start|> and <|python_end|>.
+    "llama4_pythonic": Format(_think, lambda calls: "<|python_start|>" + _pythonic_list(calls) + "<|python_end|>", after_calls=lambda text: ""),
+    # OLMo 3: one call a line between <function_calls> tags, JSON literals for values.
+    "olmo3": Format(
+        _think,
+        lambda calls: "<function_calls>" + "\n".join(f"{n}({_pythonic(a)})" for n, a in calls) + "</function_calls>",
+        after_calls=lambda text: "",
+    ),
+    # DeepSeek V3.2 has no think block of its own (V3's deepseek_v3 reasoning parser runs beside it).
+    "deepseek_v32": Format(_think, _dsml("function_calls")),
+    "deepseek_v4": Format(_think, _dsml("tool_calls")),
+    "deepseek_v41": Format(_think, _dsml("calls", " ")),
+    # Kimi K3: reasoning, the reply and the calls each in their XTML channel; the reply precedes the calls.
+    "kimi_k3": Format(
+        lambda text: _xtml("think", text),
+        _kimi_k3_calls,
+        content=lambda text: _xtml("response", text),
+        preamble=lambda text: _xtml("response", text),
+        after_calls=lambda text: "",
+    ),
+    # Phi-4-mini: one JSON list of the turn's calls after `functools`.
+    "phi4_mini_json": Format(_think, _json_list("functools"), after_calls=lambda text: ""),
+    # InternLM2: one call per turn, a JSON object in the plugin action.
+    "internlm": Format(
+        _think,
+        _each(lambda n, a, i: "<|action_start|><|plugin|>\n" + json.dumps({"name": n, "parameters": a}, ensure_ascii=False) + "<|action_end|>"),
+        after_calls=lambda text: "",
+        calls_per_turn=1,
     ),
     # MiniMax M3: the block ends the message (vLLM's parser drops text after it).
     "minimax_m3": Format(

@@ -68,6 +68,12 @@ _HERMES_CUT = (
     "not run a call of a choice that finished with `length` or a stop string inside the call"
 )
 
+_OLMO3_NO_THINK = (
+    "batch is right: the model wrote no think block here; vLLM's streaming olmo3 reasoning parser sends "
+    "everything as reasoning until a `</think>` comes (and then never reaches the tool parser), its batch "
+    "parser reads output without `</think>` as the answer"
+)
+
 # (row id, case) -> verdict, for cases no rule above covers.
 BY_HAND: dict[tuple[str, str], str] = {
     **{(f"llama3:{tool}+-", case): why for tool in ("llama3_json", "llama4_json") for case, why in _LLAMA.items()},
@@ -76,8 +82,9 @@ BY_HAND: dict[tuple[str, str], str] = {
         for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")
     },
     **{(row, "tool_choice_none"): _GLM_PLAIN_TEXT.format(after="") for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")},
-    ("qwen3:hermes+qwen3", "call_cut_by_length"): _HERMES_CUT.format(stream="`{}`"),
-    ("qwen3:hermes+qwen3", "stop_string_inside_markup"): _HERMES_CUT.format(stream="partial"),
+    # qwen3_json is vLLM's alias of hermes (the same class): the same cases, the same verdicts.
+    **{(f"qwen3:{tool}+qwen3", "call_cut_by_length"): _HERMES_CUT.format(stream="`{}`") for tool in ("hermes", "qwen3_json")},
+    **{(f"qwen3:{tool}+qwen3", "stop_string_inside_markup"): _HERMES_CUT.format(stream="partial") for tool in ("hermes", "qwen3_json")},
     ("mistral:mistral+mistral", "content_around_calls"): (
         "batch is right: the arguments are the JSON object; vLLM's streaming mistral parser appends "
         "the text after it (` Done.`) to the call's arguments, which are then not valid JSON"
@@ -99,6 +106,57 @@ BY_HAND: dict[tuple[str, str], str] = {
         "reads output without `</ifm|think>` or a call as content); the streaming parser sends it as "
         "reasoning while no end marker has come, and never moves it"
     ),
+    **{("qwen3:olmo3+olmo3", case): _OLMO3_NO_THINK for case in ("content_around_calls", "call_cut_by_length", "tool_choice_none", "thinking_off_then_call")},
+    ("qwen3:olmo3+olmo3", "tool_choice_required"): (
+        "neither: with tool_choice=required vLLM's guided decoding would force a JSON list of calls, which this "
+        "script (the family's markup) is not; the batch answer parses no call and drops the text, the stream "
+        "sends it as reasoning (no `</think>` came)"
+    ),
+    ("qwen3:olmo3+olmo3", "tool_choice_named"): (
+        "neither is a call to run: with a named tool_choice vLLM's guided decoding would force the arguments "
+        "as JSON, which this script (the family's markup) is not; the batch answer takes the whole markup as "
+        "the arguments, the stream sends it as reasoning (no `</think>` came)"
+    ),
+    ("qwen3:olmo3+olmo3", "reasoning_then_two_calls"): (
+        "batch is right: the model wrote the calls after its reasoning; vLLM's streaming olmo3 tool parser "
+        "takes calls only when the text starts with `<`, and the text after `</think>` starts with a blank "
+        "line, so the stream sends the calls as content (and drops the final `>`)"
+    ),
+    **{
+        ("qwen3:phi4_mini_json+-", case): (
+            "batch is right: vLLM's phi4_mini_json parser has no streaming extraction (it returns no delta), "
+            "so its stream sends nothing of the calls the model wrote"
+        )
+        for case in ("reasoning_then_two_calls", "content_around_calls", "thinking_off_then_call")
+    },
+    **{
+        ("kimi_k3:kimi_k3+kimi_k3", case): (
+            "batch is right: the model wrote no think channel, so the response channel is the answer and the "
+            "tools channel its calls; vLLM's streaming kimi_k3 reasoning parser sends everything, markers "
+            "included, as reasoning while no `<|close|>think<|sep|>` has come, and never moves it"
+        )
+        for case in ("content_around_calls", "tool_choice_none")
+    },
+    ("granite:-+granite", "reasoning_then_content"): (
+        "batch is right: the model wrote `Here is my thought process:` to open its thought; vLLM's streaming "
+        "granite reasoning parser keeps that marker's final `:` at the start of the reasoning"
+    ),
+    ("granite:granite-20b-fc+-", "content_around_calls"): (
+        "batch is right: the model wrote text, then a call; vLLM's streaming granite-20b-fc parser takes "
+        "calls only when the output starts with `<function_call>`, so the stream sends the call as content"
+    ),
+    **{
+        (row, "stop_string_inside_markup"): (
+            "neither is a call to run: the stop string cuts the call's arguments; the stream sent the call with "
+            "partial arguments and the cut call's opening markup ({markup}) as content, the batch answer keeps "
+            "the call with `{{}}` arguments. A client must not run a call of a choice that finished with a stop "
+            "string inside the call"
+        ).format(markup=markup)
+        for row, markup in (
+            ("qwen3:qwen3_coder+granite_thinking_parser", "`<tool_call>\\n`"),
+            ("qwen3:qwen3_coder+nemotron_v3", "`\\n\\n<too`"),
+        )
+    },
 }
 
 
