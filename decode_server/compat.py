@@ -164,6 +164,22 @@ class _PutSignal:
         raise RuntimeError("a collector read by the one-pass consumer is read with get_nowait, never awaited")
 
 
+def _generate_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(what vLLM's `generate()` raises as it is, not wrapped in EngineGenerateError; which of those
+    it raises without aborting the request). 0.33 adds GenerationError to the first (a paused
+    engine's refusal is one) and aborts all but a dead engine's; 0.32 aborts none of them."""
+    from vllm.exceptions import GenerationError, GracefulHTTPError, VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if _V033:
+        return (EngineDeadError, VLLMClientError, GracefulHTTPError, GenerationError), (EngineDeadError,)
+    as_is = (EngineDeadError, VLLMClientError, GracefulHTTPError)
+    return as_is, as_is
+
+
+GENERATE_RAISES_AS_IS, GENERATE_DOES_NOT_ABORT = _generate_errors()
+
+
 def _collector_signals_puts() -> bool:
     """Whether vLLM's RequestOutputCollector keeps `output` and signals a put through `ready` (0.32
     and 0.33 both do); a vLLM that does not gets the fallback, its own `generate()`."""

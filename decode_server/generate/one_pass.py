@@ -22,10 +22,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from vllm.exceptions import GracefulHTTPError, VLLMClientError
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.engine.exceptions import EngineGenerateError
 
-from decode_server.compat import on_put
+from decode_server.compat import GENERATE_DOES_NOT_ABORT, GENERATE_RAISES_AS_IS, on_put
 from decode_server.generate.pipeline.stream import StreamPipeline
 from decode_server.runtime.engine import Engine, EngineRequest, EngineStream
 from decode_server.runtime.metrics import Metrics
@@ -94,7 +93,7 @@ class OnePassStream:
         try:
             output = self._engine_stream.collector.get_nowait()
         except Exception as e:  # vLLM put an error (a dead engine, its output handler failed)
-            self._end_with(as_generate_raises(e), engine_done=isinstance(e, _NOT_ABORTED))
+            self._end_with(as_generate_raises(e), engine_done=isinstance(e, GENERATE_DOES_NOT_ABORT))
             return self._wake()
         if output is None:
             return 0
@@ -165,14 +164,10 @@ class OnePassStream:
             engine_stream.release()
 
 
-# What vLLM's `generate()` raises as it is and does not abort the request for; anything else it
-# raises as EngineGenerateError, after aborting the request.
-_NOT_ABORTED = (EngineDeadError, VLLMClientError, GracefulHTTPError)
-
-
 def as_generate_raises(e: BaseException) -> BaseException:
-    """The error vLLM's `generate()` raises for `e` (from adding the request, or put into its collector)."""
-    if isinstance(e, (*_NOT_ABORTED, asyncio.CancelledError)) or not isinstance(e, Exception):
+    """The error vLLM's `generate()` raises for `e` (from adding the request, or put into its
+    collector); anything it does not raise as it is, it raises as EngineGenerateError."""
+    if isinstance(e, (*GENERATE_RAISES_AS_IS, asyncio.CancelledError)) or not isinstance(e, Exception):
         return e
     wrapped = EngineGenerateError()
     wrapped.__cause__ = e
