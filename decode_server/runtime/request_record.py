@@ -56,14 +56,17 @@ class RequestRecord:
         self.metrics.server_load += 1
 
     def chunk_sent(self) -> None:
-        """A stream chunk is on its way: one inter-token sample per chunk that carried tokens (the
-        first token's wait is TTFT, not a gap between tokens)."""
+        """A stream write is on its way: one inter-token sample per token after the first, so the
+        count does not depend on how many steps a lagging writer sends in one write. A write's
+        tokens share its gap; those that come with the first token share none (its wait is TTFT)."""
         tokens = self._stats.sent_tokens
         new = tokens - self._itl_seen
         if new > 0:
             now = time.monotonic()
-            if self._itl_seen:
-                self.metrics.itl.labels(self.output_mode).observe((now - self._itl_last) / new)
+            gap, samples = ((now - self._itl_last) / new, new) if self._itl_seen else (0.0, new - 1)
+            observe = self.metrics.itl.labels(self.output_mode).observe
+            for _ in range(samples):
+                observe(gap)
             self._itl_seen, self._itl_last = tokens, now
 
     def __enter__(self) -> RequestRecord:

@@ -69,8 +69,8 @@ def test_typed_clients_against_our_app_and_the_metrics_they_leave(demo_model):
         assert srv.metric("decode_server_requests_total") == 6, "a 401 never reaches the app's bookkeeping"
         assert srv.metric("decode_server_time_to_first_token_seconds_count") == 5
         assert srv.metric("decode_server_time_to_first_token_seconds_count", output_mode="derender") == 1
-        # One inter-token sample per stream chunk after the first that brought tokens (EOS is one;
-        # an abort's closing chunk brings none); batch answers have none.
+        # One inter-token sample per streamed token after each stream's first (EOS is one; an
+        # abort's closing chunk brings none), however the writes grouped them; batch answers have none.
         assert srv.metric("decode_server_inter_token_latency_seconds_count", output_mode="text") == 3
         assert srv.metric("decode_server_inter_token_latency_seconds_count", output_mode="tokens") == 1
         assert srv.metric("decode_server_aborts_total", cause="abort_endpoint") == 1
