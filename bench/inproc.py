@@ -31,13 +31,16 @@ from bench.stats import summarize_load
 from bench.workload import Workload
 
 
-async def _one(llm, prompt_ids: list[int], script: list[int], length: int, req_id: str, res: StreamResult, batch: bool) -> None:
+async def _one(
+    llm, prompt_ids: list[int], script: list[int], length: int, req_id: str, res: StreamResult, batch: bool, detokenize: bool = True
+) -> None:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     sp = SamplingParams(
         max_tokens=length + 16,
         skip_special_tokens=False,
+        detokenize=detokenize,
         extra_args={"replay_token_ids": script},
         output_kind=RequestOutputKind.FINAL_ONLY if batch else RequestOutputKind.DELTA,
     )
@@ -67,6 +70,7 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
     issued = 0
     conc, total, length, batch = sc["concurrency"], sc["requests"], sc["length"], bool(sc.get("batch"))
     prompt_len, rep = sc.get("prompt_len") or 0, sc.get("rep")
+    detokenize = sc.get("level") != "nodetok"
 
     async def worker() -> None:
         nonlocal issued
@@ -75,7 +79,7 @@ async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
             issued += 1
             res = StreamResult(start=time.perf_counter())
             results.append(res)
-            await _one(llm, wl.prompt(prompt_len, rep, seq), wl.script(length, seq), length, f"{tag}-{seq}", res, batch)
+            await _one(llm, wl.prompt(prompt_len, rep, seq), wl.script(length, seq), length, f"{tag}-{seq}", res, batch, detokenize)
 
     started = time.perf_counter()
     tasks = [asyncio.ensure_future(worker()) for _ in range(conc)]

@@ -29,7 +29,10 @@ TTFT_CELLS = (  # concurrency, requests, output tokens, prompt tokens
     (4, 8, 8, 8000),  # 8k-token prompts: prefill dominates (8000 + 24 max tokens < max-model-len 10240)
 )
 SYSTEMS = ("ours", "vllm", "inproc")
-LEVEL_RANK = {"tokens": 0, "text": 1, "derender": 2, "chat": 2}
+# The floor's levels: "tokens" is AsyncLLM as the servers drive it (detokenizing); "nodetok" is the
+# same requests with `detokenize=False`, the least a tokens-level frontend must do (issue #30).
+LEVEL_RANK = {"nodetok": -1, "tokens": 0, "text": 1, "derender": 2, "chat": 2}
+STREAM_LEVELS = (("tokens", "tokens"), ("text", "text"), ("derender", "chat"))  # (ours, vLLM's) per stream cell
 HTTP_ORDER = ("ours", "vllm")
 
 
@@ -62,16 +65,19 @@ class Scenario:
 
 
 def headline() -> dict[str, list[Scenario]]:
-    """Per system: 8 and 32 concurrent streams (tokens, text, derender vs coupled chat) and 32
-    concurrent batch requests (tokens, text), two waves each; then 64 streams and the TTFT cells."""
+    """Per system: 8, 32 and 64 concurrent streams (tokens, text, derender vs coupled chat; the
+    floor with and without detokenizing) and 32 concurrent batch requests (tokens, text); then
+    the TTFT cells (tokens level only)."""
     blocks: dict[str, list[Scenario]] = {s: [] for s in SYSTEMS}
-    shapes = [(c, False) for c in STREAM_CONCS] + [(c, True) for c in BATCH_CONCS]
-    for c, batch in shapes:
-        levels = (("tokens", "tokens"), ("text", "text")) + (() if batch else (("derender", "chat"),))
-        blocks["ours"] += [Scenario("ours", a, LENGTH, c, 2 * c, batch) for a, _ in levels]
-        blocks["vllm"] += [Scenario("vllm", b, LENGTH, c, 2 * c, batch) for _, b in levels]
-        blocks["inproc"].append(Scenario("inproc", "tokens", LENGTH, c, 2 * c, batch))
-    for c, n, length, prompt_len in [(*C64, 0), *TTFT_CELLS]:
+    shapes = [(LENGTH, c, 2 * c, False) for c in STREAM_CONCS] + [(LENGTH, c, 2 * c, True) for c in BATCH_CONCS]
+    shapes.insert(len(STREAM_CONCS), (C64[2], C64[0], C64[1], False))
+    for length, c, n, batch in shapes:
+        levels = STREAM_LEVELS[:2] if batch else STREAM_LEVELS
+        blocks["ours"] += [Scenario("ours", a, length, c, n, batch) for a, _ in levels]
+        blocks["vllm"] += [Scenario("vllm", b, length, c, n, batch) for _, b in levels]
+        floors = ("tokens",) if batch else ("nodetok", "tokens")
+        blocks["inproc"] += [Scenario("inproc", lv, length, c, n, batch) for lv in floors]
+    for c, n, length, prompt_len in TTFT_CELLS:
         for system in SYSTEMS:
             blocks[system].append(Scenario(system, "tokens", length, c, n, prompt_len=prompt_len))
     return blocks
@@ -99,7 +105,7 @@ def rep_order(cell: list[Scenario], rep: int) -> list[Scenario]:
     system is rotated instead (floor ours vllm, ours vllm floor, vllm floor ours, …): with the
     floor at alternate ends, ours would always run between the other two."""
     first = HTTP_ORDER[rep % 2]
-    floor = [sc for sc in cell if sc.system == "inproc"]
+    floor = sorted((sc for sc in cell if sc.system == "inproc"), key=lambda sc: LEVEL_RANK[sc.level])
     http = sorted((sc for sc in cell if sc.system != "inproc"), key=lambda sc: (LEVEL_RANK.get(sc.level, 9), sc.system != first))
     if len(http) == 2 and len(floor) == 1:
         seq = sorted(cell, key=lambda sc: ("inproc", *HTTP_ORDER).index(sc.system))
