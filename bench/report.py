@@ -28,6 +28,8 @@ from bench.stats import difference, paired, ratio, spread
 
 COMPARISONS = (("tokens", "tokens"), ("text", "text"), ("derender", "chat"))
 FLOOR = ("inproc", "tokens")
+FLOOR_NODETOK = ("inproc", "nodetok")  # the floor with detokenize=False (issue #30)
+TARGETS = {"stream": 0.75, "batch": 0.7, "overhead": 0.5}  # issue #30: CPU/token, ours ÷ vLLM
 METRICS = {
     "cpu_ms_per_token": lambda r: r.get("frontend_cpu_ms_per_token"),
     "output_tok_s": lambda r: r["summary"]["output_tok_s"],
@@ -36,6 +38,12 @@ METRICS = {
     "tpot_req_p50_ms": lambda r: r["summary"]["tpot_req_ms"]["p50"],
     "e2e_p50_ms": lambda r: r["summary"]["e2e_ms"]["p50"],
     "foreign_cores": lambda r: r["cpu"].get("foreign_cores"),
+    "ttft_p99_ms": lambda r: r["summary"]["ttft_ms"]["p99"],
+    "events_per_token": lambda r: r["summary"].get("events_per_token"),
+    "gap_p50_ms": lambda r: (r["summary"].get("event_gap_ms") or {}).get("p50"),
+    "gap_p99_ms": lambda r: (r["summary"].get("event_gap_ms") or {}).get("p99"),
+    "wakeups_per_step": lambda r: (r.get("server_counters") or {}).get("wakeups_per_step"),
+    "writes_per_token": lambda r: (r.get("server_counters") or {}).get("writes_per_token"),
 }
 PerRep = dict[int, Any]
 
@@ -65,7 +73,7 @@ def _series(recs: list[dict], system: str, level: str, cell: str) -> dict[str, P
 
 def comparison(recs: list[dict], cell: str, ours_lv: str, vllm_lv: str) -> dict[str, Any] | None:
     """One headline scenario: per-system spreads and per-repetition ratios (None if neither ran)."""
-    keys = {"ours": ("ours", ours_lv), "vllm": ("vllm", vllm_lv), "floor": FLOOR}
+    keys = {"ours": ("ours", ours_lv), "vllm": ("vllm", vllm_lv), "floor": FLOOR, "floor_nodetok": FLOOR_NODETOK}
     if not any(cell_of(r) == cell and (r["system"], r["level"]) in (keys["ours"], keys["vllm"]) for r in recs):
         return None
     s = {name: _series(recs, sys_, lv, cell) for name, (sys_, lv) in keys.items()}
@@ -96,6 +104,10 @@ def comparison(recs: list[dict], cell: str, ours_lv: str, vllm_lv: str) -> dict[
         "tok_s_ratio": spread(paired(tok_s["ours"], tok_s["vllm"], ratio).values()),
         # output tok/s of each server ÷ the floor's in the same repetition (the issue #16 throughput target)
         "tok_s_vs_floor": {n: spread(paired(tok_s[n], tok_s["floor"], ratio).values()) for n in ("ours", "vllm")},
+        # above the floor that does not detokenize: what a tokens-level frontend adds at the least
+        "overhead_nodetok_ratio": spread(paired(
+            paired(o, s["floor_nodetok"]["cpu_ms_per_token"], difference), paired(v, s["floor_nodetok"]["cpu_ms_per_token"], difference), ratio
+        ).values()),  # fmt: skip
         "ttft_ratio": spread(paired(s["ours"]["ttft_p50_ms"], s["vllm"]["ttft_p50_ms"], ratio).values()),
         "ttft_p90_ratio": spread(paired(s["ours"]["ttft_p90_ms"], s["vllm"]["ttft_p90_ms"], ratio).values()),
         "per_rep_cpu_ms_per_token": {"ours": o, "vllm": v, "floor": f},
@@ -173,6 +185,63 @@ def ttft_table(rows: list[dict]) -> list[str]:
     return md_table(header, out)
 
 
+def ours_vs_vllm(r: dict, metric: str, nd: int = 2) -> str:
+    """'ours / vLLM' medians of one metric."""
+    return " / ".join(fmt(r["systems"][n][metric]["median"], nd) for n in ("ours", "vllm"))
+
+
+def latency_table(rows: list[dict]) -> list[str]:
+    """What a client sees and what ours' stream counters say, per scenario (medians over the repetitions)."""
+    header = [
+        "scenario", "events/token, ours / vLLM", "gap between events p50, ours / vLLM ms", "gap p99, ours / vLLM ms",
+        "TTFT p50, ours / vLLM ms", "TTFT p99, ours / vLLM ms", "floor CPU ms/token, detokenizing / not",
+        "ours: wake-ups per engine step", "ours: writes per token",
+    ]  # fmt: skip
+    out = []
+    for r in rows:
+        fl, nd = r["systems"]["floor"], r["systems"]["floor_nodetok"]
+        ours = r["systems"]["ours"]
+        out.append([
+            r["label"], ours_vs_vllm(r, "events_per_token", 3), ours_vs_vllm(r, "gap_p50_ms"), ours_vs_vllm(r, "gap_p99_ms"),
+            ours_vs_vllm(r, "ttft_p50_ms", 1), ours_vs_vllm(r, "ttft_p99_ms", 1),
+            f"{fmt(fl['cpu_ms_per_token']['median'], 4)} / {fmt(nd['cpu_ms_per_token']['median'], 4)}",
+            fmt(ours["wakeups_per_step"]["median"]), fmt(ours["writes_per_token"]["median"], 3),
+        ])  # fmt: skip
+    return md_table(header, out)
+
+
+def _verdict(value: float | None, limit: float, at_most: bool = True) -> str:
+    if value is None:
+        return "not measured"
+    ok = value <= limit if at_most else value >= limit
+    return "met" if ok else f"missed by {fmt(abs(value - limit), 3)}"
+
+
+def target_lines(rows: list[dict]) -> list[str]:
+    """Issue #30's targets, scenario by scenario, on the medians: met, or missed by how much."""
+    out = []
+    for r in rows:
+        kind = "batch" if r["batch"] else "stream"
+        o, v = r["systems"]["ours"], r["systems"]["vllm"]
+        over = r["overhead_ms_per_token"]["ours"]["median"]
+        checks = [
+            f"CPU/token ÷ vLLM {fmt(r['cpu_ratio']['median'], 3)} ≤ {TARGETS[kind]}: {_verdict(r['cpu_ratio']['median'], TARGETS[kind])}",
+            # a ratio of overheads means nothing once ours is below the floor
+            "ours below the floor: met" if over is not None and over <= 0 else
+            f"overhead ÷ vLLM's {fmt(r['overhead_ratio']['median'], 3)} ≤ {TARGETS['overhead']}: "
+            f"{_verdict(r['overhead_ratio']['median'], TARGETS['overhead'])}",
+        ]  # fmt: skip
+        if not r["batch"]:
+            e_o, e_v = o["events_per_token"]["median"], v["events_per_token"]["median"]
+            diff = None if e_o is None or e_v is None else abs(e_o - e_v)
+            checks.append(f"events/token within ±0.02 of vLLM's: {_verdict(diff, 0.02)}")
+            for metric, name in (("gap_p99_ms", "gap p99"), ("ttft_p50_ms", "TTFT p50")):
+                a, b = o[metric]["median"], v[metric]["median"]
+                checks.append(f"{name} ≤ vLLM's: {_verdict(None if a is None or b is None else a - b, 0.0)}")
+        out.append(f"- {r['label']}: " + "; ".join(checks))
+    return out
+
+
 def system_table(rows: list[dict]) -> list[str]:
     header = ["scenario", "system", "runs", "frontend CPU ms/token", "output tok/s", "TTFT p50 ms", "TPOT/request p50 ms", "E2E p50 ms", "foreign cores"]
     out = []
@@ -211,6 +280,20 @@ def write_report(out: Path) -> None:
         "",
         "tok/s ÷ floor: the server's output tok/s ÷ the in-process AsyncLLM's in the same repetition.",
         *(["", *throughput_target_lines(rows)] if throughput_target_lines(rows) else []),
+        "",
+    ]
+    lines += [
+        "## Issue #30's targets (medians)",
+        "",
+        *target_lines(rows),
+        "",
+        "## Latency, events and ours' stream counters",
+        "",
+        "Medians over the repetitions. Gap: between two events that carry tokens, at the client. The floor not "
+        "detokenizing is AsyncLLM with `detokenize=False`. Wake-ups per engine step: stream writers woken per pass of "
+        "the one-pass consumer; writes per token: socket writes ÷ output tokens (`decode_server_stream_*_total`).",
+        "",
+        *latency_table(rows),
         "",
     ]
     if ttft_rows:

@@ -80,20 +80,21 @@ def test_spread_and_paired() -> None:
 def test_headline_interleaves() -> None:
     blocks = headline()
     all_scs = [sc for scs in blocks.values() for sc in scs]
-    assert list(blocks) == ["ours", "vllm", "inproc"] and len({sc.id for sc in all_scs}) == len(all_scs) == 28
+    assert list(blocks) == ["ours", "vllm", "inproc"] and len({sc.id for sc in all_scs}) == len(all_scs) == 35
     runs = schedule(blocks, 5)
-    assert len(runs) == 5 * 28 and len({sc.id for sc in runs}) == len(runs)
+    assert len(runs) == 5 * 35 and len({sc.id for sc in runs}) == len(runs)
     cell = [sc for sc in runs if sc.cell == "stream-L512-c8"]
     rep0 = [sc.system + ":" + sc.level for sc in cell if sc.rep == 0]
     rep1 = [sc.system + ":" + sc.level for sc in cell if sc.rep == 1]
-    assert rep0 == ["inproc:tokens", "ours:tokens", "vllm:tokens", "ours:text", "vllm:text", "ours:derender", "vllm:chat"]
-    assert rep1 == ["vllm:tokens", "ours:tokens", "vllm:text", "ours:text", "vllm:chat", "ours:derender", "inproc:tokens"]
+    http0 = ["ours:tokens", "vllm:tokens", "ours:text", "vllm:text", "ours:derender", "vllm:chat"]
+    http1 = ["vllm:tokens", "ours:tokens", "vllm:text", "ours:text", "vllm:chat", "ours:derender"]
+    assert rep0 == ["inproc:nodetok", "inproc:tokens", *http0]
+    assert rep1 == [*http1, "inproc:nodetok", "inproc:tokens"]
     # A cell of one run per system rotates, so no system always runs between the other two.
-    c64 = [[sc.system for sc in runs if sc.cell == "stream-L256-c64" and sc.rep == r] for r in range(3)]
-    assert c64 == [["inproc", "ours", "vllm"], ["ours", "vllm", "inproc"], ["vllm", "inproc", "ours"]]
+    ttft = [[sc.system for sc in runs if sc.cell == "stream-L8-c32-p256" and sc.rep == r] for r in range(3)]
+    assert ttft == [["inproc", "ours", "vllm"], ["ours", "vllm", "inproc"], ["vllm", "inproc", "ours"]]
     batch = {sc.system + ":" + sc.level for sc in runs if sc.batch}
     assert batch == {"inproc:tokens", "ours:tokens", "vllm:tokens", "ours:text", "vllm:text"}
-    assert {sc.concurrency for sc in runs if not sc.batch and not sc.prompt_len and sc.length == 512} == {8, 32}
     assert Scenario("ours", "tokens", 512, 32, 64, True, 3).id == "ours-tokens-L512-c32-batch-r3"
     assert Scenario("ours", "tokens", 8, 4, 8, rep=0, prompt_len=8000).id == "ours-tokens-L8-c4-p8000-r0"
     assert Scenario("vllm", "tokens", 8, 4, 8, prompt_len=8000).cell == "stream-L8-c4-p8000"
@@ -101,39 +102,28 @@ def test_headline_interleaves() -> None:
     assert scenarios.lengths() == [8, 256, 512]
 
 
-# The headline cells as they were before issue #16: (system, level, L, c, requests, batch).
-_HEADLINE_BEFORE_16 = [
-    (sys_, lv, 512, c, 2 * c, batch)
-    for c, batch, levels in ((8, False, 3), (32, False, 3), (32, True, 2))
-    for sys_, lvs in (("ours", ("tokens", "text", "derender")), ("vllm", ("tokens", "text", "chat")))
-    for lv in lvs[:levels]
-] + [("inproc", "tokens", 512, c, 2 * c, b) for c, b in ((8, False), (32, False), (32, True))]
-
-
-def test_headline_plan_issue_16_cells() -> None:
-    """64 streams and the two TTFT cells on all three systems, appended after the unchanged cells."""
+def test_headline_plan() -> None:
+    """Issue #30's cells: 8, 32 and 64 streams at every level with both floors, 32 batch requests at
+    two levels, then the TTFT cells at the tokens level; every request fits the engine."""
     blocks = headline()
     all_scs = [sc for scs in blocks.values() for sc in scs]
-    key = lambda sc: (sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.batch)  # noqa: E731
-    old = [key(sc) for sc in all_scs if sc.prompt_len == 0 and sc.concurrency != 64]
-    assert sorted(old) == sorted(_HEADLINE_BEFORE_16)
-    new = {(sc.system, sc.level, sc.length, sc.concurrency, sc.requests, sc.prompt_len) for sc in all_scs if key(sc) not in _HEADLINE_BEFORE_16}
-    assert new == {(s, "tokens", L, c, n, p) for s in ("ours", "vllm", "inproc") for L, c, n, p in ((256, 64, 64, 0), (8, 32, 256, 256), (8, 4, 8, 8000))}
+    levels = {"ours": {"tokens", "text", "derender"}, "vllm": {"tokens", "text", "chat"}, "inproc": {"nodetok", "tokens"}}
+    for length, c in ((512, 8), (512, 32), (256, 64)):
+        got = {(sc.system, sc.level) for sc in all_scs if (sc.length, sc.concurrency, sc.batch, sc.prompt_len) == (length, c, False, 0)}
+        assert got == {(s, lv) for s, lvs in levels.items() for lv in lvs}, (length, c)
+    assert {(sc.system, sc.level) for sc in all_scs if sc.prompt_len} == {(s, "tokens") for s in levels}
     cells = list(dict.fromkeys(sc.cell for sc in schedule(blocks, 5)))
-    assert cells == ["stream-L512-c8", "stream-L512-c32", "batch-L512-c32", "stream-L256-c64", "stream-L8-c32-p256", "stream-L8-c4-p8000"]
+    assert cells == ["stream-L512-c8", "stream-L512-c32", "stream-L256-c64", "batch-L512-c32", "stream-L8-c32-p256", "stream-L8-c4-p8000"]
     # The 8k prompts and their outputs fit the engine's max-model-len; four of them fit the KV cache (512 B/token).
     flags = systems.engine_flags()
     max_len, kv = int(flags[flags.index("--max-model-len") + 1]), int(flags[flags.index("--kv-cache-memory-bytes") + 1])
     for sc in all_scs:
         assert max(sc.prompt_len, 262) + sc.length + 16 <= max_len
         assert sc.concurrency * (max(sc.prompt_len, 262) + sc.length + 16) * 512 < kv / 10
-    # --only picks the new cells alone; at 5 repetitions they add at most ~8 min to the estimate.
+    # --only picks cells alone; the whole plan at 5 repetitions is under an hour.
     only = filtered(blocks, None, r"L256-c64|-p[0-9]+")
-    assert {sc.cell for scs in only.values() for sc in scs} == set(cells[3:])
-    before = filtered(blocks, None, r"^(?!.*(L256-c64|-p[0-9]+))")
-    assert sum(map(len, before.values())) == len(_HEADLINE_BEFORE_16)
-    est = lambda b: scenarios.estimate_s(schedule(b, 5), 3, 5.0, 300.0)  # noqa: E731
-    assert 30 * 60 < est(before) < 40 * 60 and 0 < est(blocks) - est(before) < 8 * 60
+    assert {sc.cell for scs in only.values() for sc in scs} == {cells[2], *cells[4:]}
+    assert 40 * 60 < scenarios.estimate_s(schedule(blocks, 5), 3, 5.0, 300.0) < 60 * 60
 
 
 # ------------------------------------------------------------------ unique prompts
@@ -280,6 +270,30 @@ def test_headline_issue_16_report(tmp_path: Path) -> None:
     assert "| stream c4, 8000-token prompts, L8: tokens vs tokens | 8 | 0.816 [0.800–0.832] | 0.800 [0.800–0.800] | 408.0 [400.0–416.0] | 500.0 [500.0–500.0] | 360.0 [360.0–360.0] |" in ttft
     assert "| stream c32, 256-token prompts, L8: tokens vs tokens | 256 |" in ttft
     assert "8000-token prompts" in md.split("## Per system")[1]
+
+
+def test_targets_latency_and_counters_report(tmp_path: Path) -> None:
+    """Issue #30: each target met or missed by how much; events/token, gaps, TTFT p99, both floors
+    and ours' stream counters side by side."""
+    recs = []
+    for rep in range(5):
+        gap = lambda p50, p99: {"p50": p50, "p90": p99, "p99": p99, "mean": p50, "n": 10}  # noqa: E731
+        ours, vllm = _record("ours", "tokens", rep, 0.14), _record("vllm", "tokens", rep, 0.2)
+        ours["summary"] |= {"events_per_token": 1.0, "event_gap_ms": gap(20.0, 30.0)}
+        vllm["summary"] |= {"events_per_token": 1.03, "event_gap_ms": gap(21.0, 29.0)}
+        ours["server_counters"] = {"wakeups_per_step": 7.5, "writes_per_token": 0.998}
+        recs += [_record("inproc", "tokens", rep, 0.05), _record("inproc", "nodetok", rep, 0.04), ours, vllm]
+    row = aggregate(recs)[0]
+    assert row["overhead_nodetok_ratio"]["median"] == pytest.approx(0.1 / 0.16)
+    md = _report(tmp_path, recs)
+    targets = md.split("## Issue #30's targets")[1].split("## Latency")[0]
+    assert "CPU/token ÷ vLLM 0.700 ≤ 0.75: met" in targets
+    assert "overhead ÷ vLLM's 0.600 ≤ 0.5: missed by 0.100" in targets
+    assert "events/token within ±0.02 of vLLM's: missed by 0.010" in targets
+    assert "gap p99 ≤ vLLM's: missed by 1.000" in targets and "TTFT p50 ≤ vLLM's: met" in targets
+    latency = md.split("## Latency")[1].split("## Per system")[0]
+    assert "| stream c8: tokens vs tokens | 1.000 / 1.030 | 20.00 / 21.00 | 30.00 / 29.00 |" in latency
+    assert "| 0.0500 / 0.0400 | 7.50 | 0.998 |" in latency
 
 
 # ------------------------------------------------------------------ load generator: batch requests
