@@ -206,27 +206,38 @@ async def run_load(
 ) -> LoadResult:
     """Keep `concurrency` streams in flight until `requests` were issued or time runs out."""
     require_loopback(base_url)
-    results: list[StreamResult] = []
-    issued = 0
     limits = httpx.Limits(max_connections=2 * concurrency + 8, max_keepalive_connections=2 * concurrency + 8)
     timeout = httpx.Timeout(connect=30.0, read=max(60.0, time_limit_s), write=30.0, pool=max(60.0, time_limit_s))
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout, trust_env=False) as client:
+        return await run_load_on(client, make_stream, concurrency=concurrency, requests=requests, time_limit_s=time_limit_s)
 
-        async def worker() -> None:
-            nonlocal issued
-            while issued < requests:
-                seq = issued
-                issued += 1
-                res = StreamResult(start=time.perf_counter())
-                results.append(res)
-                await run_one(client, make_stream(seq), res)
 
-        started = time.perf_counter()
-        tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
-        _, pending = await asyncio.wait(tasks, timeout=time_limit_s)
-        truncated = bool(pending)
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        finished = time.perf_counter()
-    return LoadResult(results, started, finished, truncated, concurrency, requests)
+async def run_load_on(
+    client: httpx.AsyncClient,
+    make_stream: Callable[[int], Stream],
+    *,
+    concurrency: int,
+    requests: int,
+    time_limit_s: float,
+) -> LoadResult:
+    """`run_load` over a client of the caller's (bench.frontend_inproc: an app in this process)."""
+    results: list[StreamResult] = []
+    issued = 0
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < requests:
+            seq = issued
+            issued += 1
+            res = StreamResult(start=time.perf_counter())
+            results.append(res)
+            await run_one(client, make_stream(seq), res)
+
+    started = time.perf_counter()
+    tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    _, pending = await asyncio.wait(tasks, timeout=time_limit_s)
+    truncated = bool(pending)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return LoadResult(results, started, time.perf_counter(), truncated, concurrency, requests)
