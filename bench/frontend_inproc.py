@@ -8,8 +8,8 @@ and output handler are real; the steps come from the bench's token scripts, one 
 request per loop turn, in lockstep with the readers (so neither server merges steps). Requests go
 through httpx's ASGI transport (tests/support/asgi_stream.py), chunk by chunk. No engine process, no
 sockets, no other process in the measurement: CPU per token is this process's CPU time ÷ the output
-tokens received, whatever else the machine runs. That makes it the comparison to trust on a shared
-machine, and a partial one: the socket write per event and uvicorn (half of a frontend's CPU in the
+tokens received, and other processes do not enter it (they still slow it down: read the interleaved
+ratios, not the milliseconds). That makes it the comparison to trust on a shared machine, and a partial one: the socket write per event and uvicorn (half of a frontend's CPU in the
 2026-12-01 profiles, docs/benchmarks.md) are not in it; `bench.run` measures those, on real servers.
 
 Per repetition and concurrency: the floor (`AsyncLLM.generate()` on the same engine client, DELTA
