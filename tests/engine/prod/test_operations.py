@@ -226,8 +226,9 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_s
     Prometheus scrapes it: the dashboard's engine panels have data, and decode_server_draining 1 is
     scraped mid-drain (the server still answers scrapes while it drains).
 
-    What is left at the deadline ends with "abort": tests/engine/test_drain.py (in process, and a real
-    process over the scripted engine), and on a real engine tests/engine/test_api_server_count.py."""
+    What is left at the deadline ends with "abort": tests/app/process/test_drain.py (in process),
+    tests/engine/test_drain.py (a real process over the scripted engine), and on a real engine
+    tests/engine/test_scale_out.py."""
     prom = Prometheus(tmp_path, prod_server.url.removeprefix("http://"))
     clients = contextlib.ExitStack()
     try:
