@@ -33,7 +33,7 @@ DECODE_LEG = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engi
 # Alerts whose fault this server cannot show, and why. The rest must fire.
 NOT_FIRED_HERE = {
     "DecodeServerEngineDied": "two new process start times on the same pod: needs the process restarted (one process here)",
-    "DecodeServerDrainAborts": "the drain's deadline aborting requests: test_drain.py and test_api_server_count.py cut a drain with real engines",
+    "DecodeServerDrainAborts": "the drain's deadline aborting requests: test_drain.py and tests/engine/test_scale_out.py cut a drain with real engines",
     "DecodeServerQueueSaturated": "vLLM's scheduler waiting for capacity: the scripted engine has no capacity limit",
     "DecodeServerKVCacheFull": "a KV cache over 95 % full: the scripted engine has no KV cache",
     "DecodeServerDrainOverran": "kube-state-metrics' pod deletion timestamp: no Kubernetes here",

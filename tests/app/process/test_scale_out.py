@@ -1,5 +1,5 @@
 """`--api-server-count N`'s parent (decode_server/process/scale_out.py) without an engine or a process:
-what it holds while its API processes serve. The real engine: tests/engine/test_api_server_count.py."""
+what it holds while its API processes serve. The real engine: tests/engine/test_scale_out.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 its own scripted engine and its end of the peer channel (`runtime/peers.py`, real zmq over ipc), in
 the test's loop. Gates hold each request exactly where the test needs it, so the orders that a real
 engine reaches only by chance (the same id just finished on one process and live on the other) are
-checked every run. The real-engine check is tests/engine/test_api_server_count.py.
+checked every run. The real-engine check is tests/engine/test_scale_out.py.
 """
 
 from __future__ import annotations

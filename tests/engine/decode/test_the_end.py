@@ -1,5 +1,5 @@
 """The package's last module (pytest runs them in name order): its server's end, the real engine
-core killed mid-stream. With --api-server-count 2: tests/engine/test_api_server_count.py."""
+core killed mid-stream. With --api-server-count 2: tests/engine/test_scale_out.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,12 @@
 Which process accepts a connection is not ours to pick (vLLM's least-loaded accept), but every
 response names its process (`X-Api-Server-Index`), and a process with an open connection is not
 the least loaded, so `connection_to(i)` opens connections (keeping the others open) until one
-lands on process i. The drain test ends the shared server, so it runs last.
+lands on process i.
+
+The server is the `hf` parser class's (tests/support/parser_class_servers.py: the demo model with a
+response template, vLLM's `hf` parsers, which requests in token mode never reach), shared with
+tests/engine/test_parser_matrix_real.py, which runs before this module by name: one engine start
+for both. The drain test ends it, so it runs last.
 """
 
 from __future__ import annotations
@@ -17,27 +22,24 @@ import psutil
 import pytest
 
 from decode_server.config import DRAIN_FLUSH_S
-from tests.support import servers
+from tests.support.parser_class_servers import DRAIN_S, SCALE_OUT
 from tests.support.processes import sigterm_and_wait
 from tests.support.stream_reader import INDEX, StreamReader, connection_to
 from tests.support import GENERATE, finish_reason, joined_tokens, scripted
 
 pytestmark = pytest.mark.real_engine
 
-DRAIN_S = 4
 LONG_TOKENS = 4000
 IM_END = 151645
 PROMPT = [9707, 11, 1879]
 
 
-@pytest.fixture(scope="module")
-def scaled(demo_model, log_dir):
-    """One `--api-server-count 2` server; the drain test ends it. The engine core's death on two API
-    processes ends another such server, one thrown away anyway: the `hf` server of
-    tests/engine/test_parser_matrix_real.py (one engine start less)."""
-    flags = ("--api-server-count", "2", "--shutdown-timeout", str(DRAIN_S))
-    with servers.running(servers.ours("api-server-count-2", demo_model, log_dir, *flags)) as (server,):
-        yield server
+@pytest.fixture
+def scaled(parser_class_servers):
+    """The `--api-server-count 2` server with a DRAIN_S window; the drain test ends it. The engine
+    core's death on two API processes ends another such server, one thrown away anyway: the kimi-k3
+    server of tests/engine/test_parser_matrix_real.py."""
+    return parser_class_servers[SCALE_OUT]
 
 
 def test_both_processes_generate_and_their_engine_sockets_stay_on_disk(scaled):
@@ -156,9 +158,9 @@ def _api_processes(url: str) -> list[psutil.Process]:
 
 @pytest.mark.timeout(240, func_only=True)
 def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
-    """Last in this file: it ends the shared server. Which stream fits the window is the engine's
+    """Last in this file: it ends the server. Which stream fits the window is the engine's
     speed (four streams on a shared machine), so the short ones are sized from the speed measured
-    just before and may end either way; the decision itself is test_drain.py's, in process."""
+    just before and may end either way; the decision itself is tests/app/process/test_drain.py's, in process."""
     with ExitStack() as stack:
         clients = {i: connection_to(stack, scaled.url, i) for i in (0, 1)}
         longs = {i: StreamReader(c, _long(f"drain-long-{i}")) for i, c in clients.items()}
