@@ -143,6 +143,13 @@ FAMILIES: dict[str, Family] = {
         # The demo model with a transformers `response_template` (vLLM's `hf` parser reads it): Qwen3's
         # reasoning and hermes calls described as fields instead of by a parser class.
         Family("qwen3_hf", (), tokenizer_config={"response_template": QWEN3_RESPONSE_TEMPLATE}),
+        # Meituan LongCat-Flash: hermes' JSON calls between its own tags (vLLM's longcat parser is hermes'
+        # class with them), plain added tokens that the parser finds in the text.
+        Family("longcat", (("<longcat_tool_call>", False), ("</longcat_tool_call>", False))),
+        # Baidu ERNIE 4.5 (thinking): </think>, then the answer in a <response> block or the calls in
+        # hermes-like <tool_call> blocks; the demo vocabulary has the think and tool_call tags, not
+        # the response tags, which the parsers find in the text as written.
+        Family("ernie45", (("<response>", False), ("</response>", False))),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
         # Cohere Command (Command A / R7B: cmd3; Command A Reasoning: cmd4): the markers cohere_melody's

@@ -166,6 +166,10 @@ ALL_ROWS = [
             "token ids, the marker's first part went out as content, and the action is never found"
         ),
     ),
+    Row("longcat", "longcat", None, "longcat"),
+    # ERNIE 4.5 Thinking always thinks: vLLM's ernie45 reasoning parser reads everything before
+    # `</think>` as reasoning, whatever chat_template_kwargs say (no off switch).
+    Row("ernie45", "ernie45", "ernie45", "ernie45", thinking_switch=False),
     # vLLM picks HarmonyParser for a gpt_oss model whatever the flags; these are the flags it documents.
     Row("gpt_oss", "openai", "openai_gptoss", "harmony", thinking_switch=False),
 ]

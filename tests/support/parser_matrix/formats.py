@@ -283,6 +283,17 @@ FORMATS: dict[str, Format] = {
         after_calls=lambda text: "",
         calls_per_turn=1,
     ),
+    # LongCat-Flash: hermes' calls in LongCat's tags.
+    "longcat": Format(_think, _each(lambda n, a, i: cc.call(n, a).replace("tool_call>", "longcat_tool_call>"), "\n")),
+    # ERNIE 4.5 thinking: the template opens the thought; the model ends it with `\n</think>\n\n`, then
+    # answers in a <response> block or writes its calls, each in a <tool_call> block.
+    "ernie45": Format(
+        lambda text: f"{text}\n</think>\n\n",
+        _each(lambda n, a, i: cc.call(n, a) + "\n"),
+        content=lambda text: f"<response>\n{text}\n</response>\n",
+        preamble=lambda text: text + "\n",
+        after_calls=lambda text: "",
+    ),
     # MiniMax M3: the block ends the message (vLLM's parser drops text after it).
     "minimax_m3": Format(
         lambda text: f"<mm:think>{text}</mm:think>",

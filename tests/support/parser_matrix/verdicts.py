@@ -157,6 +157,16 @@ BY_HAND: dict[tuple[str, str], str] = {
             ("qwen3:qwen3_coder+nemotron_v3", "`\\n\\n<too`"),
         )
     },
+    ("ernie45:ernie45+ernie45", "reasoning_then_content"): (
+        "batch is right: the model answered in a `<response>` block; vLLM's batch ernie45 reasoning parser takes "
+        "the answer out of it, while its stream (once the thought has ended the composed parser no longer asks "
+        "the reasoning parser) sends the block's tags and the blank line before it as content"
+    ),
+    ("ernie45:ernie45+ernie45", "tool_choice_none"): (
+        "neither: the model wrote no `</think>`, so vLLM's ernie45 parser reads the whole answer as reasoning "
+        "(the model always thinks first); the stream drops the `<response>` tags (its streaming parser skips "
+        "each tag's token), the batch keeps them"
+    ),
 }
 
 
