@@ -150,6 +150,12 @@ FAMILIES: dict[str, Family] = {
         # hermes-like <tool_call> blocks; the demo vocabulary has the think and tool_call tags, not
         # the response tags, which the parsers find in the text as written.
         Family("ernie45", (("<response>", False), ("</response>", False))),
+        # rednote dots.llm1: calls as XML invokes in a <dots_function_call> block (vLLM's dots parser finds
+        # the tags in the text).
+        Family("dots", (("<dots_function_call>", False), ("</dots_function_call>", False))),
+        # Swiss AI Apertus: one JSON list of calls between special tokens (vLLM's apertus parser turns
+        # skip_special_tokens off for them).
+        Family("apertus", (("<|tools_prefix|>", True), ("<|tools_suffix|>", True))),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
         # Cohere Command (Command A / R7B: cmd3; Command A Reasoning: cmd4): the markers cohere_melody's

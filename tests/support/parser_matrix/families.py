@@ -167,6 +167,9 @@ ALL_ROWS = [
         ),
     ),
     Row("longcat", "longcat", None, "longcat"),
+    Row("dots", "dots", None, "dots"),
+    Row("apertus", "apertus", None, "apertus"),
+    Row("qwen3", "xlam", None, "xlam"),
     # ERNIE 4.5 Thinking always thinks: vLLM's ernie45 reasoning parser reads everything before
     # `</think>` as reasoning, whatever chat_template_kwargs say (no off switch).
     Row("ernie45", "ernie45", "ernie45", "ernie45", thinking_switch=False),

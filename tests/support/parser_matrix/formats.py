@@ -294,6 +294,20 @@ FORMATS: dict[str, Format] = {
         preamble=lambda text: text + "\n",
         after_calls=lambda text: "",
     ),
+    # dots.llm1: every call an <invoke> in one block, values as written (vLLM converts them by the tool's schema).
+    "dots": Format(
+        _think,
+        _each(
+            lambda n, a, i: f'<invoke name="{n}">\n' + _xml_params(a, '<parameter name="{k}">', "</parameter>\n") + "</invoke>\n",
+            "",
+            "<dots_function_call>\n",
+            "</dots_function_call>",
+        ),
+    ),
+    # Apertus: a JSON list of {name: arguments} objects between its special tokens.
+    "apertus": Format(_think, lambda calls: "<|tools_prefix|>" + _json([{n: a} for n, a in calls]) + "<|tools_suffix|>"),
+    # xLAM: the turn's calls as a bare JSON list, after any thought.
+    "xlam": Format(_think, _json_list(""), after_calls=lambda text: ""),
     # MiniMax M3: the block ends the message (vLLM's parser drops text after it).
     "minimax_m3": Format(
         lambda text: f"<mm:think>{text}</mm:think>",
