@@ -156,6 +156,9 @@ FAMILIES: dict[str, Family] = {
         # Swiss AI Apertus: one JSON list of calls between special tokens (vLLM's apertus parser turns
         # skip_special_tokens off for them).
         Family("apertus", (("<|tools_prefix|>", True), ("<|tools_suffix|>", True))),
+        # StepFun Step-3: DeepSeek-like call markers with full-width bars, special (vLLM's step3 parser
+        # turns skip_special_tokens off for them), around StepTML invokes written as text.
+        Family("step3", tuple((f"<｜{t}｜>", True) for t in ("tool_calls_begin", "tool_calls_end", "tool_call_begin", "tool_call_end", "tool_sep"))),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
         # Cohere Command (Command A / R7B: cmd3; Command A Reasoning: cmd4): the markers cohere_melody's

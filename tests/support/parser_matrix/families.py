@@ -170,6 +170,19 @@ ALL_ROWS = [
     Row("dots", "dots", None, "dots"),
     Row("apertus", "apertus", None, "apertus"),
     Row("qwen3", "xlam", None, "xlam"),
+    # Step-3 always thinks (vLLM's step3 reasoning parser: everything before `</think>`; no off switch).
+    Row(
+        "step3",
+        "step3",
+        "step3",
+        "step3",
+        thinking_switch=False,
+        stop_string_loses_call=(
+            "vLLM's streaming step3 reasoning parser ends the thought when `</think>`'s id arrives but cuts that "
+            "delta's text, which the stop string's buffer has shifted against the ids: `/think>` and the call "
+            "block after it go out as content, and the tool parser never sees the block open"
+        ),
+    ),
     # ERNIE 4.5 Thinking always thinks: vLLM's ernie45 reasoning parser reads everything before
     # `</think>` as reasoning, whatever chat_template_kwargs say (no off switch).
     Row("ernie45", "ernie45", "ernie45", "ernie45", thinking_switch=False),
