@@ -159,6 +159,9 @@ FAMILIES: dict[str, Family] = {
         # StepFun Step-3: DeepSeek-like call markers with full-width bars, special (vLLM's step3 parser
         # turns skip_special_tokens off for them), around StepTML invokes written as text.
         Family("step3", tuple((f"<｜{t}｜>", True) for t in ("tool_calls_begin", "tool_calls_end", "tool_call_begin", "tool_call_end", "tool_sep"))),
+        # Sber GigaChat 3: a call is a role turn after <|message_sep|> (`function call<|role_sep|>` and the
+        # JSON); special (vLLM's gigachat3 parser turns skip_special_tokens off).
+        Family("gigachat3", tuple((t, True) for t in ("<|message_sep|>", "<|role_sep|>", "<|function_call|>"))),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
         # Cohere Command (Command A / R7B: cmd3; Command A Reasoning: cmd4): the markers cohere_melody's

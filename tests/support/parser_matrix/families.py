@@ -170,6 +170,7 @@ ALL_ROWS = [
     Row("dots", "dots", None, "dots"),
     Row("apertus", "apertus", None, "apertus"),
     Row("qwen3", "xlam", None, "xlam"),
+    Row("gigachat3", "gigachat3", None, "gigachat3"),
     # Step-3 always thinks (vLLM's step3 reasoning parser: everything before `</think>`; no off switch).
     Row(
         "step3",

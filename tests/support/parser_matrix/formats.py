@@ -320,6 +320,13 @@ FORMATS: dict[str, Format] = {
     "xlam": Format(_think, _json_list(""), after_calls=lambda text: ""),
     # Step-3: one block of calls, each `function` and a StepTML invoke (values as written: vLLM casts by schema).
     "step3": Format(_opened_think, _each(_steptml, "", "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>")),
+    # GigaChat 3: one call per turn, the function-call role's JSON to the end of the output.
+    "gigachat3": Format(
+        _think,
+        _each(lambda n, a, i: "<|message_sep|>function call<|role_sep|>\n" + _json({"name": n, "arguments": a})),
+        after_calls=lambda text: "",
+        calls_per_turn=1,
+    ),
     # MiniMax M3: the block ends the message (vLLM's parser drops text after it).
     "minimax_m3": Format(
         lambda text: f"<mm:think>{text}</mm:think>",
