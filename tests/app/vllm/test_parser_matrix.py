@@ -140,7 +140,7 @@ async def _any_chunking(p: Pair, row_id: str, case: fm.Case, unmerged: Side) -> 
     """Our folded stream and its finish_reason under every chunking equal the unmerged stream's
     (which equals vLLM's, delta by delta, and its batch answer where vLLM's own two agree)."""
     script = p.tokenizer.encode(case.text, add_special_tokens=False)
-    request = await p.derender_request(cc.chat_body(**case.chat), script)
+    request = await p.derender_request(cc.chat_body(**case.chat, n=1), script)  # the parity check's render
     want = (cc.without_ids(unmerged.folded(0)), unmerged.stream_finish(0), unmerged.stream_error)
 
     def chunked(interval: int, n: int, stop: bool) -> dict:

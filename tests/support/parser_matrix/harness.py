@@ -13,7 +13,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -114,13 +114,21 @@ async def _side(app: InProcess, path: str, body: dict[str, Any]) -> Side:
 class Pair:
     ours: InProcess
     vllm: InProcess
+    renders: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def tokenizer(self) -> Any:
         return self.vllm.llm.tokenizer
 
     async def derender_request(self, chat: dict[str, Any], script: list[int]) -> dict[str, Any]:
-        """What a render server sends us for `chat`: vLLM's render of it plus parse_context."""
+        """What a render server sends us for `chat`: vLLM's render of it plus parse_context (rendered
+        once per chat and script: the matrix's chunkings reuse the parity check's request)."""
+        key = json.dumps([chat, script], sort_keys=True)
+        if key not in self.renders:
+            self.renders[key] = await self._render(chat, script)
+        return self.renders[key]
+
+    async def _render(self, chat: dict[str, Any], script: list[int]) -> dict[str, Any]:
         rendered = await _post(self.vllm, CHAT + "/render", chat)
         gen = rendered[0] if isinstance(rendered, list) else rendered
         sampling = dict(gen["sampling_params"])
