@@ -143,6 +143,25 @@ FAMILIES: dict[str, Family] = {
         # The demo model with a transformers `response_template` (vLLM's `hf` parser reads it): Qwen3's
         # reasoning and hermes calls described as fields instead of by a parser class.
         Family("qwen3_hf", (), tokenizer_config={"response_template": QWEN3_RESPONSE_TEMPLATE}),
+        # Meituan LongCat-Flash: hermes' JSON calls between its own tags (vLLM's longcat parser is hermes'
+        # class with them), plain added tokens that the parser finds in the text.
+        Family("longcat", (("<longcat_tool_call>", False), ("</longcat_tool_call>", False))),
+        # Baidu ERNIE 4.5 (thinking): </think>, then the answer in a <response> block or the calls in
+        # hermes-like <tool_call> blocks; the demo vocabulary has the think and tool_call tags, not
+        # the response tags, which the parsers find in the text as written.
+        Family("ernie45", (("<response>", False), ("</response>", False))),
+        # rednote dots.llm1: calls as XML invokes in a <dots_function_call> block (vLLM's dots parser finds
+        # the tags in the text).
+        Family("dots", (("<dots_function_call>", False), ("</dots_function_call>", False))),
+        # Swiss AI Apertus: one JSON list of calls between special tokens (vLLM's apertus parser turns
+        # skip_special_tokens off for them).
+        Family("apertus", (("<|tools_prefix|>", True), ("<|tools_suffix|>", True))),
+        # StepFun Step-3: DeepSeek-like call markers with full-width bars, special (vLLM's step3 parser
+        # turns skip_special_tokens off for them), around StepTML invokes written as text.
+        Family("step3", tuple((f"<｜{t}｜>", True) for t in ("tool_calls_begin", "tool_calls_end", "tool_call_begin", "tool_call_end", "tool_sep"))),
+        # Sber GigaChat 3: a call is a role turn after <|message_sep|> (`function call<|role_sep|>` and the
+        # JSON); special (vLLM's gigachat3 parser turns skip_special_tokens off).
+        Family("gigachat3", tuple((t, True) for t in ("<|message_sep|>", "<|role_sep|>", "<|function_call|>"))),
         # Mistral's control tokens (v11+ calls: [TOOL_CALLS]name[ARGS]{...}; v13+ reasoning: [THINK]...[/THINK]).
         Family("mistral", tuple((t, True) for t in ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))),
         # Cohere Command (Command A / R7B: cmd3; Command A Reasoning: cmd4): the markers cohere_melody's

@@ -21,6 +21,7 @@ from vllm.sampling_params import SamplingParams
 
 from decode_server.generate.pipeline.delta_merge import merge_deltas
 from decode_server.generate.pipeline.derender_plan import DerenderPlan
+from decode_server.generate.pipeline.parser_errors import parser_failed
 from decode_server.generate.pipeline.steps import ChoiceStep, Step, each, role_step
 from decode_server.generate.pipeline.token_aligned_text import TokenAlignedText, holds_text_back
 from decode_server.generate.pipeline.token_text_ends import MergedSteps, Piece
@@ -90,7 +91,7 @@ class _ParsedStream:
             st = states.get(c.index)
             if st is None:
                 split = (TokenAlignedText if self._align else MergedSteps)(plan.derenderer.tokenizer, self._prompt_token_ids, self._sp)
-                st = states[c.index] = _StreamState(plan.new_parser(), split)
+                st = states[c.index] = _StreamState(_new_parser(plan), split)
                 choices.append(role_step(c.index, DeltaMessage(role=plan.role, content="")))
             _parse_delta(plan, st, c, self._prompt_token_ids)
             choices.append(c)
@@ -128,9 +129,12 @@ def _parsed(
     """One parse_delta call: the parser's delta as coupled chat writes it, or None when it kept
     everything back."""
     req = plan.request
-    dm = st.parser.parse_delta(
-        delta_text=text, delta_token_ids=token_ids, request=req, prompt_token_ids=prompt_token_ids, finished=finished
-    )
+    try:
+        dm = st.parser.parse_delta(
+            delta_text=text, delta_token_ids=token_ids, request=req, prompt_token_ids=prompt_token_ids, finished=finished
+        )
+    except Exception as e:  # the stream ends with vLLM's status for it as its error event
+        raise parser_failed(e, plan.derenderer.config) from e
     if dm is None:
         return None
     dm = maybe_filter_parallel_tool_calls(dm, req)
@@ -177,9 +181,12 @@ async def _vllm_assembles(plan: DerenderPlan, step: Step, c: ChoiceStep) -> None
     """The running vLLM serves batch derender (0.33): its message and finish_reason, and as it
     does, no per-token metadata when the reasoning is hidden."""
     output = next(o for o in step.output.outputs if o.index == c.index)
-    [(message, finish)] = await plan.derenderer.vllm.derender_text_choices(
-        [output], plan.request_under_server_defaults(), plan.history_tool_call_cnt, step.output.prompt_token_ids
-    )
+    try:
+        [(message, finish)] = await plan.derenderer.vllm.derender_text_choices(
+            [output], plan.request_under_server_defaults(), plan.history_tool_call_cnt, step.output.prompt_token_ids
+        )
+    except Exception as e:  # vLLM's derenderer lets its parser's exceptions through, as coupled chat does
+        raise parser_failed(e, plan.derenderer.config) from e
     calls = [ToolCall(id=tc.id, function=FunctionCall(name=tc.function.name, arguments=tc.function.arguments), type=tc.type)
              for tc in message.tool_calls]
     c.message = assistant_message(message.role, message.content, message.reasoning, calls)
@@ -214,12 +221,15 @@ def _assemble_message(
     """ChatMessage and finish_reason exactly as coupled chat's non-streaming path builds them."""
     d = plan.derenderer
     req = plan.request
-    parser = plan.new_parser()
+    parser = _new_parser(plan)
     if prompt_token_ids is not None:
         parser.set_prompt_token_ids(prompt_token_ids)  # prompt-dependent parsers (hf) need it
-    reasoning, content, calls = parser.parse(
-        text, req, enable_auto_tools=d.config.enable_auto_tool_choice, model_output_token_ids=token_ids
-    )
+    try:
+        reasoning, content, calls = parser.parse(
+            text, req, enable_auto_tools=d.config.enable_auto_tool_choice, model_output_token_ids=token_ids
+        )
+    except Exception as e:  # e.g. internlm's JSONDecodeError on a call cut by max_tokens
+        raise parser_failed(e, d.config) from e
     if not req.include_reasoning:
         reasoning = None
     named = plan.named_tool_choice
@@ -250,6 +260,13 @@ def _assemble_message(
     )
     finish = "tool_calls" if auto_tools_called or (required and engine_finish == "stop") else engine_finish
     return message, finish
+
+
+def _new_parser(plan: DerenderPlan) -> Any:
+    try:
+        return plan.new_parser()
+    except Exception as e:  # a parser that cannot be built for this request (its tools, its kwargs)
+        raise parser_failed(e, plan.derenderer.config) from e
 
 
 def _new_tool_call_id(d: Any, plan: DerenderPlan, i: int) -> str:

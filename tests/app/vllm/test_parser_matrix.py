@@ -55,9 +55,10 @@ def demo_tokenizer(family_dir):
 
 
 def _assert_parity(ours: Side, theirs: Side, where: str, case: fm.Case) -> None:
-    assert ours.batch.keys() == theirs.batch.keys(), where
+    assert ours.batch.keys() == theirs.batch.keys() and ours.stream.keys() == theirs.stream.keys(), where
     for i in theirs.batch:
         assert ours.batch[i] == theirs.batch[i], (where, "batch", i)
+    for i in theirs.stream:  # a batch answer that is an error still has its stream compared
         if case.differs is None:
             assert ours.stream[i] == theirs.stream[i], (where, "stream", i)
         elif case.lost_call:
@@ -68,6 +69,19 @@ def _assert_parity(ours: Side, theirs: Side, where: str, case: fm.Case) -> None:
             assert (ours.stream_finish(i), theirs.stream_finish(i)) == ("tool_calls", "stop"), (where, "finish", i)
         else:
             assert ours.stream_finish(i) == theirs.stream_finish(i), (where, "finish", i)
+
+
+def _assert_same_error(ours: Side, theirs: Side, where: str, row_id: str, case: fm.Case) -> None:
+    """Where vLLM's parser raised, coupled chat answers with vLLM's status and type: so do we, with a
+    message that says the parser failed on the model output, then vLLM's (docs/vllm-differences.md#derender-parser-errors)."""
+    for part in ("batch_error", "stream_error"):
+        mine, vllms = getattr(ours, part), getattr(theirs, part)
+        assert (mine is None) == (vllms is None), (where, part, mine, vllms)
+        if vllms is None:
+            continue
+        assert (mine["code"], mine["type"]) == (vllms["code"], vllms["type"]), (where, part, mine, vllms)
+        assert mine["message"].startswith("vLLM's parser (") and mine["message"].endswith(": " + vllms["message"]), (where, part, mine)
+        report.parser_error(row_id, case.name, part.split("_")[0], vllms["code"], vllms["message"])
 
 
 def _stream_equals_batch(side: Side, i: int) -> bool:
@@ -90,7 +104,9 @@ async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> Si
     script = p.tokenizer.encode(case.text, add_special_tokens=False)
     ours, theirs = await p.compare({**case.chat, "n": n}, script)
     where = f"{row_id} {case.name} n={n} interval={interval}"
+    _assert_same_error(ours, theirs, where, row_id, case)
     if case.calls:
+        assert theirs.batch_error is None, f"{where}: vLLM's parser raised on the family's calls: {theirs.batch_error}"
         names = tuple(tc["function"]["name"] for tc in theirs.batch[0][0].get("tool_calls") or [])
         assert names == case.calls, f"{where}: vLLM did not parse the script as the family's calls: {theirs.batch[0][0]}"
     _assert_parity(ours, theirs, where, case)
@@ -124,8 +140,8 @@ async def _any_chunking(p: Pair, row_id: str, case: fm.Case, unmerged: Side) -> 
     """Our folded stream and its finish_reason under every chunking equal the unmerged stream's
     (which equals vLLM's, delta by delta, and its batch answer where vLLM's own two agree)."""
     script = p.tokenizer.encode(case.text, add_special_tokens=False)
-    request = await p.derender_request(cc.chat_body(**case.chat), script)
-    want = (cc.without_ids(unmerged.folded(0)), unmerged.stream_finish(0))
+    request = await p.derender_request(cc.chat_body(**case.chat, n=1), script)  # the parity check's render
+    want = (cc.without_ids(unmerged.folded(0)), unmerged.stream_finish(0), unmerged.stream_error)
 
     def chunked(interval: int, n: int, stop: bool) -> dict:
         sampling = {**request["sampling_params"], "stream_interval": interval, "n": n}
@@ -138,7 +154,7 @@ async def _any_chunking(p: Pair, row_id: str, case: fm.Case, unmerged: Side) -> 
     sides = await asyncio.gather(*(p.ours_streamed(chunked(*chunking)) for chunking in CHUNKINGS))
     for (interval, n, stop), side in zip(CHUNKINGS, sides):
         for i in range(n):
-            got = (cc.without_ids(side.folded(i)), side.stream_finish(i))
+            got = (cc.without_ids(side.folded(i)), side.stream_finish(i), side.stream_error)
             assert got == want, f"{row_id} {case.name}: stream_interval={interval} n={n} stop={stop} choice {i}"
 
 

@@ -43,13 +43,13 @@ NEW_IN_033 = {(kind, name) for kind in ("tool", "reasoning") for name in ("beam"
 # registers is in no row until someone places it, and the completeness check says so.
 SWEPT: dict[str, frozenset[str]] = {
     "tool": frozenset((
-        "apertus", "dots", "ernie45", "functiongemma", "gemma4", "gigachat3", "hunyuan_a13b", "inkling", "ling3",
-        "longcat", "mimo", "minicpm5", "muse_glimmer", "plamo3", "step3", "step3p5", "xlam",
+        "functiongemma", "gemma4", "hunyuan_a13b", "inkling", "ling3",
+        "mimo", "minicpm5", "muse_glimmer", "plamo3", "step3p5",
         "muse", "musespark1x", "step5",  # 0.33
     )),
     "reasoning": frozenset((
-        "ernie45", "gemma4", "holo2", "hunyuan_a13b", "inkling", "ling3", "mimo", "minicpmv",
-        "minimax_m2_append_think", "muse_glimmer", "plamo3", "step3", "step3p5",
+        "gemma4", "holo2", "hunyuan_a13b", "inkling", "ling3", "mimo", "minicpmv",
+        "minimax_m2_append_think", "muse_glimmer", "plamo3", "step3p5",
         "muse", "musespark1x", "step5",  # 0.33
     )),
 }

@@ -36,6 +36,16 @@ def _think(text: str) -> str:
     return f"<think>\n{text}\n</think>\n\n"
 
 
+def _opened_think(text: str) -> str:
+    # The template opened the thought at the end of the prompt: the model writes it and its end.
+    return f"{text}\n</think>\n\n"
+
+
+def _steptml(n: str, a: dict[str, Any], i: int) -> str:
+    params = _xml_params(a, '<steptml:parameter name="{k}">', "</steptml:parameter>")
+    return f'<｜tool_call_begin｜>function<｜tool_sep｜><steptml:invoke name="{n}">{params}</steptml:invoke><｜tool_call_end｜>'
+
+
 def _each(one: Callable[[str, dict[str, Any], int], str], sep: str = "", head: str = "", tail: str = "") -> Callable:
     return lambda calls: head + sep.join(one(n, a, i) for i, (n, a) in enumerate(calls)) + tail
 
@@ -280,6 +290,40 @@ FORMATS: dict[str, Format] = {
     "internlm": Format(
         _think,
         _each(lambda n, a, i: "<|action_start|><|plugin|>\n" + json.dumps({"name": n, "parameters": a}, ensure_ascii=False) + "<|action_end|>"),
+        after_calls=lambda text: "",
+        calls_per_turn=1,
+    ),
+    # LongCat-Flash: hermes' calls in LongCat's tags.
+    "longcat": Format(_think, _each(lambda n, a, i: cc.call(n, a).replace("tool_call>", "longcat_tool_call>"), "\n")),
+    # ERNIE 4.5 thinking: the template opens the thought; the model ends it with `\n</think>\n\n`, then
+    # answers in a <response> block or writes its calls, each in a <tool_call> block.
+    "ernie45": Format(
+        _opened_think,
+        _each(lambda n, a, i: cc.call(n, a) + "\n"),
+        content=lambda text: f"<response>\n{text}\n</response>\n",
+        preamble=lambda text: text + "\n",
+        after_calls=lambda text: "",
+    ),
+    # dots.llm1: every call an <invoke> in one block, values as written (vLLM converts them by the tool's schema).
+    "dots": Format(
+        _think,
+        _each(
+            lambda n, a, i: f'<invoke name="{n}">\n' + _xml_params(a, '<parameter name="{k}">', "</parameter>\n") + "</invoke>\n",
+            "",
+            "<dots_function_call>\n",
+            "</dots_function_call>",
+        ),
+    ),
+    # Apertus: a JSON list of {name: arguments} objects between its special tokens.
+    "apertus": Format(_think, lambda calls: "<|tools_prefix|>" + _json([{n: a} for n, a in calls]) + "<|tools_suffix|>"),
+    # xLAM: the turn's calls as a bare JSON list, after any thought.
+    "xlam": Format(_think, _json_list(""), after_calls=lambda text: ""),
+    # Step-3: one block of calls, each `function` and a StepTML invoke (values as written: vLLM casts by schema).
+    "step3": Format(_opened_think, _each(_steptml, "", "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>")),
+    # GigaChat 3: one call per turn, the function-call role's JSON to the end of the output.
+    "gigachat3": Format(
+        _think,
+        _each(lambda n, a, i: "<|message_sep|>function call<|role_sep|>\n" + _json({"name": n, "arguments": a})),
         after_calls=lambda text: "",
         calls_per_turn=1,
     ),

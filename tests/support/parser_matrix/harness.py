@@ -13,7 +13,7 @@ import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -46,6 +46,9 @@ class Side:
 
     batch: dict[int, tuple[dict[str, Any], str | None]]  # index -> (message, finish_reason)
     stream: dict[int, list[tuple[dict[str, Any], str | None]]]  # index -> [(delta, finish_reason)], empty deltas dropped
+    # The error answer instead of the batch body, and the stream's error event (vLLM's parser raised).
+    batch_error: dict[str, Any] | None = None
+    stream_error: dict[str, Any] | None = None
 
     def folded(self, index: int) -> dict[str, Any]:
         return cc.accumulate([d for d, _ in self.stream[index]])
@@ -59,6 +62,12 @@ class Side:
     def stream_finish(self, index: int) -> str | None:
         reasons = [f for _, f in self.stream[index] if f]
         return reasons[-1] if reasons else None
+
+
+def _stream_error(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    errors = [event["error"] for event in events if "error" in event]
+    assert len(errors) <= 1, errors
+    return errors[0] if errors else None
 
 
 def _stream_side(events: list[dict[str, Any]]) -> dict[int, list[tuple[dict[str, Any], str | None]]]:
@@ -92,17 +101,34 @@ async def _post(app: InProcess, path: str, body: dict[str, Any]) -> dict[str, An
     return r.json()
 
 
+async def _side(app: InProcess, path: str, body: dict[str, Any]) -> Side:
+    """Batch and stream answers; an error answer (vLLM's parser raised) is kept, not asserted away."""
+    r = await app.client.post(path, json={**body, "stream": False})
+    error = r.json()["error"] if r.status_code != 200 else None
+    assert error is None or error["code"] == r.status_code, (path, r.text)
+    events = await _sse(app, path, body)
+    return Side({} if error else _batch_side(r.json()), _stream_side(events), error, _stream_error(events))
+
+
 @dataclass
 class Pair:
     ours: InProcess
     vllm: InProcess
+    renders: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def tokenizer(self) -> Any:
         return self.vllm.llm.tokenizer
 
     async def derender_request(self, chat: dict[str, Any], script: list[int]) -> dict[str, Any]:
-        """What a render server sends us for `chat`: vLLM's render of it plus parse_context."""
+        """What a render server sends us for `chat`: vLLM's render of it plus parse_context (rendered
+        once per chat and script: the matrix's chunkings reuse the parity check's request)."""
+        key = json.dumps([chat, script], sort_keys=True)
+        if key not in self.renders:
+            self.renders[key] = await self._render(chat, script)
+        return self.renders[key]
+
+    async def _render(self, chat: dict[str, Any], script: list[int]) -> dict[str, Any]:
         rendered = await _post(self.vllm, CHAT + "/render", chat)
         gen = rendered[0] if isinstance(rendered, list) else rendered
         sampling = dict(gen["sampling_params"])
@@ -118,7 +144,8 @@ class Pair:
     async def ours_streamed(self, request: dict[str, Any]) -> Side:
         """Our stream alone for a generate request (its batch left empty): a client's own
         `stream_interval` or stop strings on what `derender_request` gave."""
-        return Side({}, _stream_side(await _sse(self.ours, GENERATE, request)))
+        events = await _sse(self.ours, GENERATE, request)
+        return Side({}, _stream_side(events), stream_error=_stream_error(events))
 
     async def render_error(self, chat: dict[str, Any]) -> tuple[int, str]:
         """(status, message) of vLLM's render refusing `chat`."""
@@ -130,8 +157,7 @@ class Pair:
         chat = cc.chat_body(**chat)
         request = await self.derender_request(chat, script)
         coupled = {**chat, "vllm_xargs": {"replay_token_ids": script}}
-        ours = Side(_batch_side(await _post(self.ours, GENERATE, request)), _stream_side(await _sse(self.ours, GENERATE, request)))
-        theirs = Side(_batch_side(await _post(self.vllm, CHAT, coupled)), _stream_side(await _sse(self.vllm, CHAT, coupled)))
+        ours, theirs = await _side(self.ours, GENERATE, request), await _side(self.vllm, CHAT, coupled)
         prompts = {tuple(s.prompt_token_ids) for s in self.vllm.core.seen[-2:] + self.ours.core.seen[-2:]}
         assert len(prompts) == 1, "both servers saw the same prompt tokens"
         return ours, theirs

@@ -29,6 +29,15 @@ LOST_CALLS: dict[tuple[str, str], str] = {}
 ON_PURPOSE: dict[tuple[str, str], str] = {}
 
 
+# (row, case, "batch" or "stream") -> (status, vLLM's message): where vLLM's own parser raised on the
+# family's output; coupled chat answers an error there, and so do we (asserted).
+PARSER_ERRORS: dict[tuple[str, str, str], tuple[int, str]] = {}
+
+
+def parser_error(row: str, case: str, part: str, status: int, message: str) -> None:
+    PARSER_ERRORS[(row, case, part)] = (status, message)
+
+
 def on_purpose(row: str, case: str, why: str) -> None:
     ON_PURPOSE[(row, case)] = why
 
@@ -177,6 +186,11 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
     out += [f"- **{row}**, `{case}`: {message}" for (row, case), message in sorted(REFUSED.items())] or ["None."]
     out += ["", "## A stop string made vLLM's stream lose a call (asserted; finish_reason `stop` there, ours `tool_calls`)", ""]
     out += [f"- **{row}**, `{case}`: {why}" for (row, case), why in sorted(LOST_CALLS.items())] or ["None."]
+    out += ["", "## vLLM's parser raised on the family's output (coupled chat answers an error; ours the same status, asserted)", ""]
+    out += [
+        f"- **{row}**, `{case}`, {part}: {status}, vLLM says `{message}` ([ours](vllm-differences.md#derender-parser-errors))"
+        for (row, case, part), (status, message) in sorted(PARSER_ERRORS.items())
+    ] or ["None."]
     out += ["", "## Open (not run; what was observed)", ""]
     out += [f"- **{r.id}**: {why}" for r, why in open_rows.items()] or ["None."]
     out += ["", "## Where vLLM's own stream and batch disagree (parity with vLLM kept)", ""]

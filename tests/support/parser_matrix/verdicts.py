@@ -74,6 +74,11 @@ _OLMO3_NO_THINK = (
     "parser reads output without `</think>` as the answer"
 )
 
+_STRIPPED_AND_JOINED = (
+    "stream is right: it gives the text around the call as the model wrote it (` Done.` after it); "
+    "vLLM's batch parser strips the text on both sides of the call and joins it with a newline"
+)
+
 # (row id, case) -> verdict, for cases no rule above covers.
 BY_HAND: dict[tuple[str, str], str] = {
     **{(f"llama3:{tool}+-", case): why for tool in ("llama3_json", "llama4_json") for case, why in _LLAMA.items()},
@@ -97,9 +102,17 @@ BY_HAND: dict[tuple[str, str], str] = {
         "batch is right: the call list is complete JSON in the script; vLLM's streaming jamba parser "
         "never sends the last call's closing `\"` and `}`, so the streamed arguments are not valid JSON"
     ),
-    ("lfm2:lfm2+-", "content_around_calls"): (
-        "stream is right: it gives the text around the call as the model wrote it (` Done.` after it); "
-        "vLLM's batch parser strips the text on both sides of the call and joins it with a newline"
+    **{(row, "content_around_calls"): _STRIPPED_AND_JOINED for row in ("lfm2:lfm2+-", "apertus:apertus+-")},
+    ("apertus:apertus+-", "stop_string_inside_markup"): (
+        "neither is a call to run: the stop string cuts the call's arguments; the stream sent the call with "
+        "partial arguments, the batch answer closes the cut JSON (vLLM's partial-JSON fallback) into a value "
+        "the model never wrote. A client must not run a call of a choice that finished with a stop string "
+        "inside the call"
+    ),
+    ("qwen3:xlam+-", "tool_choice_required"): (
+        "neither: with tool_choice=required vLLM reads the output as the JSON list guided decoding forces, "
+        "whose calls hold `parameters`; the family's list writes `arguments`, so the batch answer holds a call "
+        "with `null` arguments, and the stream parses no call"
     ),
     ("k2_horizon:k2_horizon+k2_horizon", "tool_choice_none"): (
         "batch is right: the model wrote no think block, so the text is the answer (vLLM's batch parser "
@@ -157,6 +170,16 @@ BY_HAND: dict[tuple[str, str], str] = {
             ("qwen3:qwen3_coder+nemotron_v3", "`\\n\\n<too`"),
         )
     },
+    ("ernie45:ernie45+ernie45", "reasoning_then_content"): (
+        "batch is right: the model answered in a `<response>` block; vLLM's batch ernie45 reasoning parser takes "
+        "the answer out of it, while its stream (once the thought has ended the composed parser no longer asks "
+        "the reasoning parser) sends the block's tags and the blank line before it as content"
+    ),
+    ("ernie45:ernie45+ernie45", "tool_choice_none"): (
+        "neither: the model wrote no `</think>`, so vLLM's ernie45 parser reads the whole answer as reasoning "
+        "(the model always thinks first); the stream drops the `<response>` tags (its streaming parser skips "
+        "each tag's token), the batch keeps them"
+    ),
 }
 
 
