@@ -26,6 +26,10 @@ def parser_failed(e: Exception, config: DerenderConfig) -> ServerError:
     if isinstance(e, ServerError):
         return e
     info = create_error_response(e).error
+    if isinstance(e, NotImplementedError):
+        # a parser that does not work in this configuration at all (openai's outside harmony): it
+        # parsed nothing, and vLLM's own message already says why (501 "... is a stub. Use ...")
+        return ServerError(info.message, status=info.code, reason="parser", error_type=info.type)
     log.warning("vLLM's parser raised on the model output", exc_info=e)
     return ServerError(
         f"vLLM's parser ({_parsers(config)}) could not parse the model output: {type(e).__name__}: {info.message}",
