@@ -162,14 +162,18 @@ def test_sigterm_drains_streams_on_both_processes_then_all_exit_zero(scaled):
     speed (four streams on a shared machine), so the short ones are sized from the speed measured
     just before and may end either way; the decision itself is tests/app/process/test_drain.py's, in process."""
     with ExitStack() as stack:
-        clients = {i: connection_to(stack, scaled.url, i) for i in (0, 1)}
-        longs = {i: StreamReader(c, _long(f"drain-long-{i}")) for i, c in clients.items()}
+        # Each stream starts on its connection as soon as that is found: a kept-alive connection
+        # left idle for uvicorn's keep-alive timeout (5 s) while the next one is searched for is
+        # closed by the server, and the request then reconnects to whichever process is least loaded.
+        longs = {i: StreamReader(connection_to(stack, scaled.url, i), _long(f"drain-long-{i}")) for i in (0, 1)}
         for s in longs.values():
             s.wait_events(3)
         speeds = [s.tokens_per_s() for s in longs.values()]
         short_script = [9707] * max(2, int(min(speeds) * DRAIN_S / 4))
-        extra = {i: connection_to(stack, scaled.url, i) for i in (0, 1)}
-        shorts = {i: StreamReader(c, scripted(PROMPT, short_script, request_id=f"drain-short-{i}")) for i, c in extra.items()}
+        shorts = {
+            i: StreamReader(connection_to(stack, scaled.url, i), scripted(PROMPT, short_script, request_id=f"drain-short-{i}"))
+            for i in (0, 1)
+        }
         for s in shorts.values():
             s.wait_events(1)
         in_flight = [not s.done() for s in shorts.values()]

@@ -24,6 +24,11 @@ DRAIN_S = 4
 # The server whose end is the engine core's death with two API processes.
 ENGINE_DEATH = "kimi-k3"
 TWO_API_PROCESSES = ("--api-server-count", "2")
+# tests/support/stream_reader.py's connection_to pins a request to one API process by keeping its
+# connection open; uvicorn closes an idle one after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default),
+# and a loaded machine can spend that long finding the next connection: the request then reconnected
+# to the other process (a clean-clone run: both drain shorts on process 1).
+PINNED_CONNECTIONS_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "300"}
 
 
 @dataclass
@@ -66,9 +71,10 @@ def model_dir(run: Run, demo_model: Path) -> Path:
 
 def server(run: Run, demo_model: Path, log_dir: Path) -> servers.Server:
     extra: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
     if run.name == SCALE_OUT:
-        extra = (*TWO_API_PROCESSES, "--shutdown-timeout", str(DRAIN_S))
+        extra, env = (*TWO_API_PROCESSES, "--shutdown-timeout", str(DRAIN_S)), PINNED_CONNECTIONS_ENV
     elif run.name == ENGINE_DEATH:
-        extra = TWO_API_PROCESSES
+        extra, env = TWO_API_PROCESSES, PINNED_CONNECTIONS_ENV
     # The model is built before the server copies the environment: gpt-oss's sets TIKTOKEN_ENCODINGS_BASE.
-    return servers.ours(f"decode-{run.name}", model_dir(run, demo_model), log_dir, *run.flags, *extra)
+    return servers.ours(f"decode-{run.name}", model_dir(run, demo_model), log_dir, *run.flags, *extra, env=env)
