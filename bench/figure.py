@@ -22,9 +22,9 @@ matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: smaller, and se
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.report import aggregate, cell_of, valid  # noqa: E402
+from bench.report_targets import TARGETS  # noqa: E402
 from bench.stats import GAP_QUANTILES  # noqa: E402
 
-TARGETS = {False: 0.75, True: 0.7}  # batch? -> the CPU/token target, ours ÷ vLLM (issue 30)
 LEVEL_COLOURS = {"tokens": "tab:blue", "text": "tab:green", "derender": "tab:red"}
 
 
@@ -36,7 +36,7 @@ def _ratio_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
         colour = LEVEL_COLOURS.get(r["ours_level"], "black")
         ax.plot([spread["min"], spread["max"]], [y, y], color=colour, linewidth=2, alpha=0.5)
         ax.plot(spread["median"], y, "o", color=colour)
-        target = TARGETS[r["batch"]]
+        target = TARGETS["batch" if r["batch"] else "stream"]
         ax.plot([target, target], [y - 0.4, y + 0.4], color="black", linestyle=":", linewidth=1)
     ax.axvline(1.0, color="grey", linewidth=0.8)
     ax.set_yticks(list(ys), [r["label"] for r in rows], fontsize=7)

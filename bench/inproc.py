@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import LoadResult, StreamResult, arun
+from bench.loadgen import LoadResult, StreamResult, arun, keep_in_flight
 from bench.measure import CpuMeter, proc_cpu_s
 from bench.stats import summarize_load
 from bench.workload import Workload
@@ -66,28 +66,14 @@ async def _one(
 
 
 async def run_scenario(llm, wl: Workload, sc: dict, tag: str) -> LoadResult:
-    results: list[StreamResult] = []
-    issued = 0
-    conc, total, length, batch = sc["concurrency"], sc["requests"], sc["length"], bool(sc.get("batch"))
+    length, batch = sc["length"], bool(sc.get("batch"))
     prompt_len, rep = sc.get("prompt_len") or 0, sc.get("rep")
     detokenize = sc.get("level") != "nodetok"
 
-    async def worker() -> None:
-        nonlocal issued
-        while issued < total:
-            seq = issued
-            issued += 1
-            res = StreamResult(start=time.perf_counter())
-            results.append(res)
-            await _one(llm, wl.prompt(prompt_len, rep, seq), wl.script(length, seq), length, f"{tag}-{seq}", res, batch, detokenize)
+    def one(seq: int, res: StreamResult):
+        return _one(llm, wl.prompt(prompt_len, rep, seq), wl.script(length, seq), length, f"{tag}-{seq}", res, batch, detokenize)
 
-    started = time.perf_counter()
-    tasks = [asyncio.ensure_future(worker()) for _ in range(conc)]
-    _, pending = await asyncio.wait(tasks, timeout=sc["time_limit_s"])
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return LoadResult(results, started, time.perf_counter(), bool(pending), conc, total)
+    return await keep_in_flight(one, sc["concurrency"], sc["requests"], sc["time_limit_s"])
 
 
 def _cpu(me) -> tuple[float, float]:

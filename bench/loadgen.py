@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -221,6 +221,14 @@ async def run_load_on(
     time_limit_s: float,
 ) -> LoadResult:
     """`run_load` over a client of the caller's (bench.frontend_inproc: an app in this process)."""
+    return await keep_in_flight(lambda seq, res: run_one(client, make_stream(seq), res), concurrency, requests, time_limit_s)
+
+
+async def keep_in_flight(
+    one: Callable[[int, StreamResult], Awaitable[Any]], concurrency: int, requests: int, time_limit_s: float
+) -> LoadResult:
+    """`concurrency` workers each run `one(seq, result)` for the next request until `requests` were
+    issued or time runs out (then the rest are cancelled and the run is marked truncated)."""
     results: list[StreamResult] = []
     issued = 0
 
@@ -231,13 +239,12 @@ async def run_load_on(
             issued += 1
             res = StreamResult(start=time.perf_counter())
             results.append(res)
-            await run_one(client, make_stream(seq), res)
+            await one(seq, res)
 
     started = time.perf_counter()
     tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     _, pending = await asyncio.wait(tasks, timeout=time_limit_s)
-    truncated = bool(pending)
     for t in pending:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    return LoadResult(results, started, time.perf_counter(), truncated, concurrency, requests)
+    return LoadResult(results, started, time.perf_counter(), bool(pending), concurrency, requests)
