@@ -114,12 +114,12 @@ def test_headline_plan() -> None:
     assert {(sc.system, sc.level) for sc in all_scs if sc.prompt_len} == {(s, "tokens") for s in levels}
     cells = list(dict.fromkeys(sc.cell for sc in schedule(blocks, 5)))
     assert cells == ["stream-L512-c8", "stream-L512-c32", "stream-L256-c64", "batch-L512-c32", "stream-L8-c32-p256", "stream-L8-c4-p8000"]
-    # The 8k prompts and their outputs fit the engine's max-model-len; four of them fit the KV cache (512 B/token).
+    # The 8k prompts and their outputs fit the engine's max-model-len; four of them fit the KV cache (1 KiB/token in float32).
     flags = systems.engine_flags()
     max_len, kv = int(flags[flags.index("--max-model-len") + 1]), int(flags[flags.index("--kv-cache-memory-bytes") + 1])
     for sc in all_scs:
         assert max(sc.prompt_len, 262) + sc.length + 16 <= max_len
-        assert sc.concurrency * (max(sc.prompt_len, 262) + sc.length + 16) * 512 < kv / 10
+        assert sc.concurrency * (max(sc.prompt_len, 262) + sc.length + 16) * 1024 < kv / 10
     # --only picks cells alone; the whole plan at 5 repetitions is under an hour.
     only = filtered(blocks, None, r"L256-c64|-p[0-9]+")
     assert {sc.cell for scs in only.values() for sc in scs} == {cells[2], *cells[4:]}
