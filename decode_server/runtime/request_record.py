@@ -52,6 +52,8 @@ class RequestRecord:
     def in_flight(self, stats: RequestStats) -> None:
         """The request is valid and its engine generator exists: it is in flight until the end."""
         self._stats = stats
+        # Looked up once: a stream observes the inter-token histogram at every write.
+        self._observe_itl = self.metrics.itl.labels(self.output_mode).observe
         self.metrics.in_flight.labels(self.output_mode).inc()
         self.metrics.server_load += 1
 
@@ -64,7 +66,7 @@ class RequestRecord:
         if new > 0:
             now = time.monotonic()
             gap, samples = ((now - self._itl_last) / new, new) if self._itl_seen else (0.0, new - 1)
-            observe = self.metrics.itl.labels(self.output_mode).observe
+            observe = self._observe_itl
             for _ in range(samples):
                 observe(gap)
             self._itl_seen, self._itl_last = tokens, now
