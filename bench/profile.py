@@ -6,9 +6,10 @@
 Starts ours and vLLM's own server on the benchmark's engine configuration (bench.fleet), and per
 pair of levels runs the same load on each, ours first then vLLM's, while `py-spy record` (the
 `bench` extra) samples the API-server process only (not the engine). Writes OUT/profile.md: per
-run, the CPU per token (the same meter as bench.run) and the share of samples in each part of the
-path (a sample counts in every part its stack passes through), then the top functions by self
-time; the collapsed stacks stay in OUT/raw-tmp/ (git-ignored). A sampling profiler costs the
+run, the CPU per token (the same meter as bench.run), the samples' self time by where the code
+lives (uvicorn's socket write, the event loop, sse-starlette, vLLM's engine client, ours, ...), the
+share under each stage (vLLM's output handler, our one-pass consumer, vLLM's serving generator),
+and the top functions by self time; the collapsed stacks stay in OUT/raw-tmp/ (git-ignored). A sampling profiler costs the
 process it samples a little CPU: compare shares, and take ratios from bench.run.
 """
 
@@ -32,23 +33,32 @@ from bench.run import log
 from bench.scenarios import Scenario
 from bench.workload import Workload
 
-# The parts of a frontend's path, by a frame each stack passes through (py-spy raw frames read
-# "function (path:line)"). Both servers' own code, and the code they share (vLLM's engine client).
-PARTS = (
-    ("event loop's own work (uvloop: epoll, callbacks; self time)", r"run \((uvloop/|asyncio/runners)[^;]*$"),
-    ("uvicorn: HTTP parsing and the socket write", r"uvicorn/"),
-    ("sse-starlette + anyio (the SSE response: task group, send)", r"sse_starlette/|anyio/"),
-    ("starlette routing and request handling", r"[/(]starlette/"),
-    ("vLLM OutputProcessor.process_outputs (detokenizer, stop strings, collectors)", r"process_outputs \([^;]*v1/engine/output_processor\.py"),
-    ("vLLM incremental detokenizer", r"v1/engine/detokenizer\.py"),
-    ("vLLM stat loggers (Prometheus)", r"vllm/v1/metrics/"),
-    ("vLLM engine client: ZMQ receive and msgpack decode", r"zmq/|msgspec/_core|v1/serial_utils"),
-    ("vLLM serving code (vllm/entrypoints: handlers, pydantic models, JSON)", r"vllm/entrypoints/"),
-    ("vLLM parsers (reasoning + tool)", r"vllm/(reasoning|tool_parsers|parser)/"),
-    ("pydantic", r"pydantic/|pydantic_core"),
-    ("ours: one-pass consumer and stages (decode_server/generate)", r"decode_server/generate/"),
-    ("ours: HTTP layer (decode_server/http)", r"decode_server/http/"),
+# Self time (the frame a sample was in) by where that code lives, first match wins: the socket
+# write is uvicorn's `send`; the event loop's own work is the loop's frame with nothing above it.
+SELF = (
+    ("uvicorn: the socket write (`RequestResponseCycle.send`)", r"RequestResponseCycle\.send "),
+    ("uvicorn: the rest (HTTP parsing, the ASGI cycle)", r"uvicorn/"),
+    ("the event loop's own work (epoll, callbacks)", r"^(Runner\.run|run) \((asyncio/runners|uvloop/)|selectors\.py|asyncio/(events|base_events)\.py"),
+    ("sse-starlette", r"sse_starlette/"),
+    ("anyio", r"anyio/"),
+    ("Starlette", r"starlette/"),
+    ("asyncio's tasks, futures and locks", r"asyncio/"),
+    ("vLLM's metrics (stat loggers)", r"vllm/v1/metrics/"),
+    ("vLLM's engine client (output processor, detokenizer, collectors)", r"vllm/v1/engine/|vllm/(tokenizers|transformers_utils)/|tokenizers/"),
+    ("vLLM's serving code (vllm/entrypoints)", r"vllm/entrypoints/"),
+    ("vLLM's parsers", r"vllm/(reasoning|tool_parsers|parser)/"),
+    ("vLLM, other", r"vllm/"),
+    ("pydantic", r"pydantic"),
     ("prometheus_client", r"prometheus_client/"),
+    ("zmq and msgpack", r"zmq/|msgspec|msgpack"),
+    ("ours: generate (one-pass consumer, stages, framing)", r"decode_server/generate/|protocol/"),
+    ("ours: http, runtime (routes, SSE response, request records, metrics)", r"decode_server/"),
+)
+# Inclusive: the share of samples under one of these frames, anywhere in the stack.
+UNDER = (
+    ("vLLM's output handler (process_outputs, stat loggers, collector puts)", r"output_handler \("),
+    ("ours: the one-pass consumer's passes (stages, framing, buffers)", r"StepConsumer\._pass "),
+    ("vLLM's serving generator (per event: pydantic model, JSON)", r"(stream_generator|_stream_generator) \("),
 )
 
 
@@ -63,10 +73,12 @@ def _frame(frame: str) -> str:
     return f"{fn} ({path})"
 
 
-def summarize(raw: Path, top: int = 15) -> tuple[list[list[str]], list[list[str]], int]:
-    """(parts table rows, top self-time rows, samples) from py-spy's raw (collapsed) output."""
-    parts: collections.Counter[str] = collections.Counter()
-    selfs: collections.Counter[str] = collections.Counter()
+def summarize(raw: Path, top: int = 15) -> tuple[list[list[str]], list[list[str]], list[list[str]], int]:
+    """(self time by part, inclusive shares, top functions by self time, samples) from py-spy's raw
+    (collapsed) output."""
+    selves: collections.Counter[str] = collections.Counter()
+    under: collections.Counter[str] = collections.Counter()
+    functions: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -74,22 +86,31 @@ def summarize(raw: Path, top: int = 15) -> tuple[list[list[str]], list[list[str]
             continue
         n = int(count)
         total += n
-        for name, rx in PARTS:
+        leaf = stack.split(";")[-1]
+        functions[_frame(leaf)] += n
+        selves[next((name for name, rx in SELF if re.search(rx, leaf)), "other")] += n
+        for name, rx in UNDER:
             if re.search(rx, stack):
-                parts[name] += n
-        selfs[_frame(stack.split(";")[-1])] += n
+                under[name] += n
     share = lambda n: f"{100 * n / max(1, total):.1f}"  # noqa: E731
     return (
-        [[share(parts[name]), name] for name, _ in PARTS],
-        [[share(n), f"`{fn}`"] for fn, n in selfs.most_common(top)],
+        [[share(selves[name]), name] for name in [*(name for name, _ in SELF), "other"]],
+        [[share(under[name]), name] for name, _ in UNDER],
+        [[share(n), f"`{fn}`"] for fn, n in functions.most_common(top)],
         total,
     )
+
+
+def py_spy() -> str | None:
+    """py-spy from PATH, or installed beside this Python (a virtualenv that is not activated)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
 def profile_run(server: systems.Server, wl: Workload, sc: Scenario, raw: Path, rate: int) -> dict:
     """One load on `server` with py-spy sampling its API process; returns CPU per token and the samples."""
     spy = subprocess.Popen(
-        [shutil.which("py-spy") or "py-spy", "record", "--pid", str(server.pid), "--rate", str(rate), "--format", "raw",
+        [py_spy(), "record", "--pid", str(server.pid), "--rate", str(rate), "--format", "raw",
          "--nonblocking", "--output", str(raw)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -118,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", default="tokens:tokens,text:text,derender:chat", help="ours' level:vLLM's level, comma-separated")
     p.add_argument("--out", type=Path, default=systems.repo_root() / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-profile")
     a = p.parse_args(argv)
-    if not shutil.which("py-spy"):
+    if not py_spy():
         p.error("py-spy is not installed: `pip install -e .[bench]` (or DECODE_SERVER_EXTRAS=bench ./dev setup)")
     pairs = [tuple(pair.split(":")) for pair in a.pairs.split(",")]
     tmp = a.out / "raw-tmp"
@@ -134,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"`python -m bench.profile {' '.join(argv if argv is not None else sys.argv[1:])}`: {a.concurrency} concurrent streams, "
         f"{a.requests} requests of {a.length} tokens per run, py-spy at {a.rate} Hz on the API-server process only.",
-        "A sample counts in every part its stack passes through; shares are of all samples of that run.",
+        "Per run: the samples by where their own (self) time was spent, then the share under each stage's frame, then the top functions.",
     ]
     try:
         fleet.start({"startup_s": {}})
@@ -144,14 +165,16 @@ def main(argv: list[str] | None = None) -> int:
             raw = tmp / f"{sc.id}.txt"
             raw.unlink(missing_ok=True)
             res = profile_run(fleet.members[sc.system], wl, sc, raw, a.rate)
-            parts, top, samples = summarize(raw)
+            selves, under, top, samples = summarize(raw)
             sections += [
                 "",
                 f"## {sc.system}, level {sc.level}",
                 "",
                 f"{res['tokens']} tokens, frontend CPU {res['frontend_cpu_ms_per_token']} ms/token (with the profiler attached), {samples} samples.",
                 "",
-                *md_table(["% of samples", "part of the path"], parts),
+                *md_table(["% of samples (self time)", "where the code is"], selves),
+                "",
+                *md_table(["% of samples (under it)", "stage"], under),
                 "",
                 *md_table(["% self", "function"], top),
             ]
