@@ -2,7 +2,7 @@
 to the collector the component runs. Starts no engine and needs no cluster (kustomize renders).
 
 The names are checked against the code that reads them, not against copies: the flag parses with
-decode-server's own CLI into vLLM's `otlp_traces_endpoint` (test_deploy_manifests.py's CLI test,
+decode-server's own CLI into vLLM's `otlp_traces_endpoint` (test_manifest_cli.py's test,
 which covers every tree); the variables are the OpenTelemetry
 SDK's own constants, and with the rendered values set, vLLM's exporter factory, the SDK's Resource
 and its default sampler come out as the manifests mean them. The endpoint reaches the collector:
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.support.deploy_render import COMPOSITIONS, DEPLOY, named, of_kind, pod_labels, pod_spec, render, selects, tree_id
-from tests.deploy.test_deploy_manifests import env_map, expand, flag_value, server_container, server_deployments
+from tests.support.manifests import env_map, expand, flag_value, server_container, server_deployments
 
 TRACING = DEPLOY / "components" / "otel-tracing"
 TRACING_TREES = [t for t in COMPOSITIONS if t.component == TRACING]
