@@ -4,7 +4,7 @@ when it ends; then the engine tier alone. The first tier that fails ends the run
 beside it (its exit status is the run's).
 
     ./dev test                               every tier
-    ./dev test tests/app/generate tests/engine/decode/test_faults.py::test_x
+    ./dev test tests/app/generate tests/engine/decode/test_faults_aborts.py::test_x
                                              only the tiers those paths are in, each with its paths
                                              (tests/app/vllm/test_differential.py: in both lines' tiers)
     ./dev test -x -k derender                every tier, each with these pytest options

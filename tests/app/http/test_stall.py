@@ -3,7 +3,7 @@ never returns once the "socket buffers" are full, and the loop's clock is moved 
 cut is checked at the production limit, to the second, on any machine.
 
 The real-socket check (kernel buffers filling on loopback, memory staying flat) is
-test_faults.py's stalled reader.
+test_faults_transport.py's stalled reader.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Our abort registry against vLLM's abort rule, over a stub AsyncLLM (no engine, no process): an
 abort that arrives before vLLM knows the request (input processing, not yet sent) is remembered and
 applied when the request registers; a late one does not abort a retry; what is remembered expires
-and is bounded. The same orders on a real engine: tests/engine/decode/test_faults.py (item 4)."""
+and is bounded. The same orders on a real engine: tests/engine/decode/test_faults_aborts.py (item 4)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ the last, test_the_end.py, kills its engine core (the server's end).
 
 It runs in the test's session (not one of its own), as processes started from one shell or in one
 container do: test_streams_under_load.py's CPU hogs then share its scheduling group. Its transport
-bounds are shortened for test_faults.py (what they are for: there); no other module comes near them.
+bounds are shortened for test_faults_transport.py (what they are for: there); no other module comes near them.
 """
 
 import pytest
@@ -28,3 +28,13 @@ def server(demo_model, log_dir):
     decode.own_session = False
     with servers.running(decode) as (started,):
         yield started
+
+
+@pytest.fixture(scope="module")
+def faults(server):
+    """The package's server after one request has run (the fault tests time their bounds from a
+    warm engine)."""
+    from tests.engine.decode.faults import warm_up
+
+    warm_up(server)
+    return server
