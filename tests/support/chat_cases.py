@@ -44,6 +44,12 @@ def script_for(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def chat_prompt(tokenizer: Any, tools: list[dict[str, Any]]) -> list[int]:
+    """The USER conversation with these tools, rendered by the tokenizer's chat template, as ids."""
+    text = tokenizer.apply_chat_template(USER, tools=tools, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def rendered(vllm_url: str, chat: dict[str, Any]) -> Any:
     r = httpx.post(vllm_url + "/v1/chat/completions/render", json=chat, timeout=60)
     assert r.status_code == 200, r.text

@@ -1,4 +1,4 @@
-"""The P/D set tests/engine/pd/test_pd.py and tests/engine/pd/test_pd_faults.py share, and its parts.
+"""The P/D set the modules of tests/engine/pd/ share, and its parts.
 
 Decode-server instances with vLLM's NixlConnector on loopback (`kv_buffer_device: cpu`, UCX),
 the NIXL progress-thread hook (see tests/engine/pd/test_pd.py's docstring), seeded real weights, and the
@@ -250,7 +250,7 @@ def _new_set(demo_model: Path, log_dir: Path, tmp_path_factory: Any) -> PDSet:
 
 def running_set(demo_model: Path, log_dir: Path, tmp_path_factory: Any) -> Iterator[PDSet]:
     """The body of tests/engine/pd's `pd_set` fixture: the set started, and stopped after the
-    package's modules (test_pd.py, then test_pd_faults.py, whose last tests kill instances)."""
+    package's modules (test_pd.py, test_pd_behind_llm_d.py, then test_pd_faults.py, whose last tests kill instances)."""
     require_nixl()
     pd = _new_set(demo_model, log_dir, tmp_path_factory)
     try:

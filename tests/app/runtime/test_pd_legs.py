@@ -1,6 +1,6 @@
 """The P/D legs without an engine: what `protocol.clients.pd` and llm-d's sidecar and coordinator send
 (tests/support/llmd_legs.py), and which of them our server answers as a tokens prefill
-(decode_server/runtime/kv_transfer.py). The legs against real NIXL instances: tests/engine/pd/test_pd.py."""
+(decode_server/runtime/kv_transfer.py). The legs against real NIXL instances: tests/engine/pd/test_pd.py and test_pd_behind_llm_d.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """P/D faults with real NIXL on loopback (issue 15, item 1): every fault ends within a bound, and
 afterwards neither instance holds an engine request or a KV block.
 
-The P/D set tests/engine/pd/test_pd.py uses too (tests/support/pd_pair.py, one start-up for both modules): one prefill
+The P/D set tests/engine/pd/test_pd.py and test_pd_behind_llm_d.py use too (tests/support/pd_pair.py, one start-up for the package): one prefill
 instance (`--tokens-only`, kv_producer) and two decode instances (kv_consumer): one with vLLM's
 default `kv_load_failure_policy: fail` and a short remote-prefill deadline
 (`DECODE_SERVER_REMOTE_PREFILL_TIMEOUT_S`, our default 8 s), one with `recompute`, all with a short
