@@ -6,7 +6,8 @@ entry is in a list only while a request needs it (that module checks)."""
 from __future__ import annotations
 
 from decode_server.compat import VLLM_LINE
-from tests.support.differential import MISSING, Divergence, Entry, Result, compare, facts, status
+from tests.support.differential import MISSING, Divergence, Entry, Result, compare, status
+from tests.support.differential_facts import facts
 from tests.support.differential_corpus import Case
 
 # vLLM 0.32. Deliberate: ours is better here, and docs/vllm-differences.md says why (same ids).

@@ -26,7 +26,8 @@ import pytest
 
 from decode_server.compat import VLLM_LINE
 from tests.support.allowed import EXERCISED_ELSEWHERE, ON_LINE, PENDING_FIXES, classified
-from tests.support.differential import DOC, SP_FIELDS, Divergence, Entry, Result, chunked_alike, compare, report, run_corpus
+from tests.support.differential import DOC, Divergence, Entry, Result, chunked_alike, compare, report, run_corpus
+from tests.support.differential_facts import SP_FIELDS
 from tests.support.differential_corpus import CORPUS, GENERATED, HAND_WRITTEN, Case
 from tests.vllm033.cases import CASES_033
 
