@@ -251,3 +251,22 @@ def test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_rea
     assert refusal is not None and "\n" not in refusal, refusal
     assert f"--{'tool-call' if kind == 'tool' else 'reasoning'}-parser {name}" in refusal, refusal
     assert REFUSED_ON_THE_DEMO_VOCABULARY[key] in refusal, refusal
+
+
+def test_the_hunyuan_a13b_family_numbers_its_markers_as_vllms_parser_matches_them(family_dir):
+    """vLLM's streaming hunyuan_a13b reasoning parser switches on Hunyuan's own token ids, one id a delta:
+    the family tokenizer must encode the think and answer markers to exactly those ids (the format's
+    empty think block included), else its row would judge a stream that never leaves `idle`."""
+    from vllm.reasoning.hunyuan_a13b_reasoning_parser import HunyuanA13BReasoningParser
+    from vllm.tokenizers import get_tokenizer
+
+    from tests.support.parser_matrix.formats import FORMATS
+
+    tokenizer = get_tokenizer(str(family_dir("hunyuan_a13b")))
+    parser = HunyuanA13BReasoningParser(tokenizer)
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    assert encode("<think>\n") == parser.think_start_ids and encode("<think>\n\n") == parser.think_start_ids_fast
+    assert encode("\n</think>\n<answer>\n") == parser.response_start_ids
+    assert encode("</think>\n<answer>\n") == parser.response_start_ids_fast
+    assert encode("\n</answer>") == parser.response_end_ids
+    assert encode(FORMATS["hunyuan_a13b"].opening) == parser.fast_think_ids

@@ -189,6 +189,28 @@ ALL_ROWS = [
     Row("ernie45", "ernie45", "ernie45", "ernie45", thinking_switch=False),
     # vLLM picks HarmonyParser for a gpt_oss model whatever the flags; these are the flags it documents.
     Row("gpt_oss", "openai", "openai_gptoss", "harmony", thinking_switch=False),
+    # Inkling: typed blocks; the thinking block is the model's choice (vLLM's parser reads no switch).
+    Row("inkling", "inkling", "inkling", "inkling", thinking_switch=False),
+    # Ling3 writes GLM-4.7's calls (vLLM's Ling3Parser is Glm47MoeParser's) and thinks unless told
+    # `thinking` or `enable_thinking` false.
+    Row("glm45", "ling3", "ling3", "glm47"),
+    Row("muse_glimmer", "muse_glimmer", "muse_glimmer", "muse_glimmer", thinking_switch=False),
+    Row("plamo3", "plamo3", "plamo3", "plamo3"),
+    # Step-3.5's template always opens `<think>`: vLLM's step3p5 parser ignores enable_thinking.
+    Row("qwen3", "step3p5", "step3p5", "step3p5", thinking_switch=False),
+    # Hunyuan A13B thinks unless told not to (enable_thinking false, or /no_think): then it writes the
+    # empty think block, which vLLM's parser knows by its token ids as well.
+    Row(
+        "hunyuan_a13b",
+        "hunyuan_a13b",
+        "hunyuan_a13b",
+        "hunyuan_a13b",
+        stop_string_loses_call=(
+            "vLLM's streaming hunyuan_a13b reasoning parser switches on each delta's token id but sends that delta's "
+            "text, which the stop string's buffer has shifted against the ids: the tags go out as reasoning "
+            "(`think>\\n`) and content (`nswer>\\n`), and the tool parser never sees the answer start with `<tool_calls>`"
+        ),
+    ),
 ]
 
 ROWS = [row for row in ALL_ROWS if LINE in row.lines]  # the rows of this process's line
@@ -220,18 +242,19 @@ def cases(row: Row) -> list[Case]:
     both = f.calls(several)
     one = f.calls([("get_weather", WEATHER_ARGS)])
     think = f.think("The user wants the weather; I will call the tools.") if row.reasoning_parser else ""
+    bare = f.opening  # how an output without a thought starts (Hunyuan A13B: an empty think block)
     out = [Case("reasoning_then_content", (think or "") + f.content("It is sunny in Zürich."))]
     if row.tool_parser:
         tools = {"tools": TOOLS}
         out += [
             Case("reasoning_then_two_calls", think + both, tools, tuple(n for n, _ in several)),
-            Case("content_around_calls", f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
-            Case("call_cut_by_length", one, {**tools, "max_tokens": f.cut_at}),
+            Case("content_around_calls", bare + f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
+            Case("call_cut_by_length", bare + one, {**tools, "max_tokens": f.cut_at}),
             Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS, lost_call=row.stop_string_loses_call),
-            Case("tool_choice_required", one, {**tools, "tool_choice": "required"}),
-            Case("tool_choice_named", one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            Case("tool_choice_none", f.content("No tools needed."), {**tools, "tool_choice": "none"}),
+            Case("tool_choice_required", bare + one, {**tools, "tool_choice": "required"}),
+            Case("tool_choice_named", bare + one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            Case("tool_choice_none", bare + f.content("No tools needed."), {**tools, "tool_choice": "none"}),
         ]
         if row.thinking_switch:
-            out.append(Case("thinking_off_then_call", one, {**tools, "chat_template_kwargs": dict(row.thinking_off)}, ("get_weather",)))
+            out.append(Case("thinking_off_then_call", bare + one, {**tools, "chat_template_kwargs": dict(row.thinking_off)}, ("get_weather",)))
     return out

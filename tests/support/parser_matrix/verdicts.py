@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.support.parser_matrix.verdicts_b import BY_HAND_B
+
 CUT_CASES = ("call_cut_by_length", "stop_string_inside_markup")
 
 ESCAPING = (
@@ -59,7 +61,7 @@ _LLAMA = {
 }
 _GLM_PLAIN_TEXT = (
     "stream is right: the model wrote this text without `<think>` (the prompt did not open "
-    "reasoning); vLLM's batch reasoning parser (glm45, glm47) files text with no `</think>` as "
+    "reasoning); vLLM's batch reasoning parser (glm45, glm47, ling3) files text with no `</think>` as "
     "reasoning, its streaming parser as content{after}"
 )
 _HERMES_CUT = (
@@ -79,14 +81,17 @@ _STRIPPED_AND_JOINED = (
     "vLLM's batch parser strips the text on both sides of the call and joins it with a newline"
 )
 
+# Ling3's parser is GLM-4.7's (vllm/parser/ling3.py), with the same answers.
+_GLM_ROWS = ("glm45:glm45+glm45", "glm45:glm47+glm47", "glm45:ling3+ling3")
+
 # (row id, case) -> verdict, for cases no rule above covers.
 BY_HAND: dict[tuple[str, str], str] = {
     **{(f"llama3:{tool}+-", case): why for tool in ("llama3_json", "llama4_json") for case, why in _LLAMA.items()},
     **{
         (row, "content_around_calls"): _GLM_PLAIN_TEXT.format(after=", and drops ` Done.` after the call")
-        for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")
+        for row in _GLM_ROWS
     },
-    **{(row, "tool_choice_none"): _GLM_PLAIN_TEXT.format(after="") for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")},
+    **{(row, "tool_choice_none"): _GLM_PLAIN_TEXT.format(after="") for row in _GLM_ROWS},
     # qwen3_json is vLLM's alias of hermes (the same class): the same cases, the same verdicts.
     **{(f"qwen3:{tool}+qwen3", "call_cut_by_length"): _HERMES_CUT.format(stream="`{}`") for tool in ("hermes", "qwen3_json")},
     **{(f"qwen3:{tool}+qwen3", "stop_string_inside_markup"): _HERMES_CUT.format(stream="partial") for tool in ("hermes", "qwen3_json")},
@@ -180,6 +185,7 @@ BY_HAND: dict[tuple[str, str], str] = {
         "(the model always thinks first); the stream drops the `<response>` tags (its streaming parser skips "
         "each tag's token), the batch keeps them"
     ),
+    **BY_HAND_B,
 }
 
 
