@@ -62,6 +62,12 @@ HY_RENAMED = tuple((t, t.replace(">", f"{HY}>")) for t in ("<tool_call>", "</too
 HY_ADDED = tuple((f"<{t}{HY}>", False) for t in ("tool_calls", "/tool_calls", "arg_key", "/arg_key", "arg_value", "/arg_value"))
 # MiniMax M3's namespace marker, before every structural tag of a call, and its thinking block.
 MINIMAX_M3_NS = "]<]minimax[>["
+# Muse's turns: `<|start|>ROLE<|message|>...<|eot|>`, the prompt ending with `<|start|>assistant` (the model
+# writes ` to=RECIPIENT<|message|>` next, as vLLM's muse parsers expect).
+MUSE_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content or '' }}<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
 
 
 FAMILIES: dict[str, Family] = {
@@ -186,6 +192,9 @@ FAMILIES: dict[str, Family] = {
             ),
             config={"architectures": ["Cohere2ForCausalLM"]},
         ),
+        # Muse (Muse Spark; vLLM 0.33's muse/musespark1x parsers): channel-scoped messages framed by
+        # special tokens (the parsers turn skip_special_tokens off to see them); the ATEM call tags are text.
+        Family("muse", tuple((t, True) for t in ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")), chat_template=MUSE_TEMPLATE),
     )
 }
 

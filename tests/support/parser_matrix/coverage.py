@@ -45,12 +45,10 @@ SWEPT: dict[str, frozenset[str]] = {
     "tool": frozenset((
         "functiongemma", "gemma4", "hunyuan_a13b", "inkling", "ling3",
         "mimo", "minicpm5", "muse_glimmer", "plamo3", "step3p5",
-        "muse", "musespark1x", "step5",  # 0.33
     )),
     "reasoning": frozenset((
         "gemma4", "holo2", "hunyuan_a13b", "inkling", "ling3", "mimo", "minicpmv",
         "minimax_m2_append_think", "muse_glimmer", "plamo3", "step3p5",
-        "muse", "musespark1x", "step5",  # 0.33
     )),
 }
 

@@ -334,3 +334,7 @@ FORMATS: dict[str, Format] = {
         after_calls=lambda text: "",
     ),
 }
+
+from tests.support.parser_matrix.formats_c import FORMATS_C  # noqa: E402 (it builds on Format above)
+
+FORMATS.update(FORMATS_C)
