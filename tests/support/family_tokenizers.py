@@ -78,6 +78,12 @@ INKLING_TOKENS = tuple(
         "content_tool_error", "content_model_end_sampling", "end_message",
     )
 )
+# Muse's turns: `<|start|>ROLE<|message|>...<|eot|>`, the prompt ending with `<|start|>assistant` (the model
+# writes ` to=RECIPIENT<|message|>` next, as vLLM's muse parsers expect).
+MUSE_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content or '' }}<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
 
 
 FAMILIES: dict[str, Family] = {
@@ -229,6 +235,9 @@ FAMILIES: dict[str, Family] = {
             renumbered=(("<th", 14023), ("ink", 771), (">ĊĊ", 1363), ("</", 524), ("think", 27963), ("answer", 9399)),
             merges=(("<", "th"), ("th", "ink")),
         ),
+        # Muse (Muse Spark; vLLM 0.33's muse/musespark1x parsers): channel-scoped messages framed by
+        # special tokens (the parsers turn skip_special_tokens off to see them); the ATEM call tags are text.
+        Family("muse", tuple((t, True) for t in ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")), chat_template=MUSE_TEMPLATE),
     )
 }
 

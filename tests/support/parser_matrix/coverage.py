@@ -45,12 +45,10 @@ SWEPT: dict[str, frozenset[str]] = {
     "tool": frozenset((
         "functiongemma", "gemma4",
         "mimo", "minicpm5",
-        "muse", "musespark1x", "step5",  # 0.33
     )),
     "reasoning": frozenset((
         "gemma4", "holo2", "mimo", "minicpmv",
         "minimax_m2_append_think",
-        "muse", "musespark1x", "step5",  # 0.33
     )),
 }
 

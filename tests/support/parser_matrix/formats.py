@@ -340,3 +340,7 @@ FORMATS: dict[str, Format] = {
 from tests.support.parser_matrix.formats_b import FORMATS_B  # noqa: E402 (needs FORMATS and Format above)
 
 FORMATS.update(FORMATS_B)
+
+from tests.support.parser_matrix.formats_c import FORMATS_C  # noqa: E402 (it builds on Format above)
+
+FORMATS.update(FORMATS_C)
