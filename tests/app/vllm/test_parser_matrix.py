@@ -110,9 +110,12 @@ async def _as_vllm_forces(p: Pair, row: fm.Row, case: fm.Case) -> fm.Case:
         return case
     constraint = (await p.rendered_sampling(cc.chat_body(**case.chat, n=1))).get("structured_outputs") or {}
     schema = json.loads(constraint["json"]) if isinstance(constraint.get("json"), str) else constraint.get("json")
-    report.forced(row.id, case.name, schema is not None)
+    report.forced(row.id, case.name, schema is not None and not row.grammar_never_applied)
     if schema is None:
         return case
+    if row.grammar_never_applied:  # the family's markup, of which the batch reads a named call only
+        report.never_applied(row.id, case.name, row.grammar_never_applied)
+        return dataclasses.replace(case, calls=case.calls if case.chat["tool_choice"] != "required" else ())
     forced = fm.forced_json(schema, named=case.chat["tool_choice"] != "required")
     jsonschema.validate(json.loads(forced), schema)
     names = tuple(call["name"] for call in json.loads(forced)) if forced.startswith("[") else case.calls

@@ -57,6 +57,9 @@ class Row:
     variant: str = ""  # tells apart two rows of the same parsers served another way (a mode)
     # Why vLLM's parser reads no call from the JSON its own render forces for required/named (asserted).
     forced_json_unread: str | None = None
+    # Why vLLM's engine never applies the grammar its render installs for required/named: the model
+    # writes free (the family's markup, scripted so), and vLLM's batch reads it as it would the JSON (asserted).
+    grammar_never_applied: str | None = None
 
     @property
     def id(self) -> str:
@@ -218,6 +221,11 @@ ALL_ROWS = [
         "hunyuan_a13b",
         "hunyuan_a13b",
         "hunyuan_a13b",
+        grammar_never_applied=(
+            "vLLM's structured-output gate asks the hunyuan_a13b reasoning parser's is_reasoning_end, which reads a "
+            "state only its streaming extraction moves (the engine's own parser instance never streams), so the "
+            "reasoning never ends for the grammar and guided decoding never starts"
+        ),
         stop_string_loses_call=(
             "vLLM's streaming hunyuan_a13b reasoning parser switches on each delta's token id but sends that delta's "
             "text, which the stop string's buffer has shifted against the ids: the tags go out as reasoning "

@@ -54,6 +54,14 @@ def unread(row: str, case: str, why: str) -> None:
     UNREAD[(row, case)] = why
 
 
+# (row, case) -> why vLLM's engine never applies the grammar its render installs (Row.grammar_never_applied).
+NEVER_APPLIED: dict[tuple[str, str], str] = {}
+
+
+def never_applied(row: str, case: str, why: str) -> None:
+    NEVER_APPLIED[(row, case)] = why
+
+
 def on_purpose(row: str, case: str, why: str) -> None:
     ON_PURPOSE[(row, case)] = why
 
@@ -294,6 +302,11 @@ def forced_table() -> list[str]:
         "vLLM reads no call from the JSON its own render forced (asserted):",
         "",
         *([f"- **{row}**, `{case}`: {why}" for (row, case), why in sorted(UNREAD.items())] or ["None."]),
+        "",
+        "vLLM's engine never applies the grammar its render installs (scripted as the family's markup; under",
+        "`required` vLLM's batch reads no call from it, asserted):",
+        "",
+        *([f"- **{row}**, `{case}`: {why}" for (row, case), why in sorted(NEVER_APPLIED.items())] or ["None."]),
     ]
 
 

@@ -41,9 +41,16 @@ BY_HAND_B: dict[tuple[str, str], str] = {
         "cut markup back as content. A client must not run a call of a choice that finished with a stop string "
         "inside the call"
     ),
+    (_A13B, "tool_choice_required"): (
+        "neither gives the call: vLLM's engine never applied the required list's grammar (families.Row."
+        "grammar_never_applied), so the model wrote its markup, which vLLM reads as the forced JSON list and drops "
+        "whole (no call, no content); the stream also keeps the thought's `\\n` in the reasoning (as in "
+        "reasoning_then_content)"
+    ),
     (_A13B, "tool_choice_named"): (
-        "neither is a call to run: with a named tool_choice vLLM's guided decoding would force the arguments as JSON, "
-        "which this script (the family's markup) is not; both take the markup as the arguments, the stream with the "
+        "neither is a call to run: vLLM's engine never applied the named tool's grammar (families.Row."
+        "grammar_never_applied), so the model wrote its markup, not the arguments' JSON; both take the markup as the "
+        "arguments, the stream with the "
         "answer's closing `\\n</answer>` (its reasoning parser did not strip it, as in tool_choice_none)"
     ),
 }
