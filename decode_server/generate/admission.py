@@ -104,7 +104,7 @@ class Admission:
         sp = checked_sampling_params(
             req, mode, self.limits, tokens_only=self.tokens_only, generation_defaults=self.engine.generation_defaults
         )
-        plan = self.derenderer.plan(req.parse_context, req.chat_request) if mode.reads_chat_context else None
+        plan = self.derenderer.plan(req.parse_context, req.chat_request, sp.structured_outputs) if mode.reads_chat_context else None
         return Admitted(req, mode, sp, lora, plan, kv)
 
 

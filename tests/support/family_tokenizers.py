@@ -52,6 +52,14 @@ class Family:
     # family's vocabulary has no such token and a parser would find it (Hunyuan reads its token
     # suffix off the first structural token in the vocabulary: a bare <tool_call> would say "none").
     renamed: tuple[tuple[str, str], ...] = ()
+    # Demo added tokens the family's vocabulary does not have (its model writes them as text, in
+    # BPE pieces): dropped, so that text encodes as the family's would.
+    not_tokens: tuple[str, ...] = ()
+    # (BPE piece, id): the family's ids for pieces a parser matches by id, each swapped with the demo
+    # piece that held that id (the same texts, numbered as the family's vocabulary numbers them).
+    renumbered: tuple[tuple[str, int], ...] = ()
+    # BPE merges the family's vocabulary applies and the truncated merge list lacks (appended last).
+    merges: tuple[tuple[str, str], ...] = ()
 
 
 # Tencent Hunyuan (Hy3, Hy4): every structural token carries the checkpoint's suffix, and the bare
@@ -62,6 +70,20 @@ HY_RENAMED = tuple((t, t.replace(">", f"{HY}>")) for t in ("<tool_call>", "</too
 HY_ADDED = tuple((f"<{t}{HY}>", False) for t in ("tool_calls", "/tool_calls", "arg_key", "/arg_key", "arg_value", "/arg_value"))
 # MiniMax M3's namespace marker, before every structural tag of a call, and its thinking block.
 MINIMAX_M3_NS = "]<]minimax[>["
+# Inkling's block markers: the role, the content kinds, the block ends.
+INKLING_TOKENS = tuple(
+    f"<|{t}|>"
+    for t in (
+        "message_model", "content_text", "content_thinking", "content_invoke_tool_json", "content_invoke_tool_text",
+        "content_tool_error", "content_model_end_sampling", "end_message",
+    )
+)
+# Muse's turns: `<|start|>ROLE<|message|>...<|eot|>`, the prompt ending with `<|start|>assistant` (the model
+# writes ` to=RECIPIENT<|message|>` next, as vLLM's muse parsers expect).
+MUSE_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content or '' }}<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
 
 
 FAMILIES: dict[str, Family] = {
@@ -186,6 +208,36 @@ FAMILIES: dict[str, Family] = {
             ),
             config={"architectures": ["Cohere2ForCausalLM"]},
         ),
+        # Inkling: every block marker is a dedicated special token (vLLM's inkling parser says so, and
+        # its engine turns skip_special_tokens off to read them in the text).
+        Family("inkling", tuple((t, True) for t in INKLING_TOKENS)),
+        # PLaMo 3: each marker is three tokens, `<|plamo:begin_` or `<|plamo:end_`, the name as text,
+        # `:plamo|>`; the two ends and `<|plamo:tag|>` (end of turn) are special (vLLM's plamo3 parser
+        # keeps the pieces from its engine's special-token dropping). `<|plamo:constrain|>` and
+        # `<|plamo:msg|>` sit inside one terminal literal, so they are not special (the engine would
+        # drop them and never see the arguments open).
+        Family(
+            "plamo3",
+            (*((t, True) for t in ("<|plamo:begin_", "<|plamo:end_", ":plamo|>", "<|plamo:tag|>")), ("<|plamo:constrain|>", False), ("<|plamo:msg|>", False)),
+        ),
+        # MuseGlimmer: the channel framing tokens are special (vLLM's muse_glimmer parsers turn
+        # skip_special_tokens off because the default strips them); the ATEM tags are text.
+        Family("muse_glimmer", tuple((t, True) for t in ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"))),
+        # Tencent Hunyuan A13B: `<think>`, `<answer>` and `<tool_calls>` are text, not tokens, and vLLM's
+        # hunyuan_a13b reasoning parser streams by matching their BPE pieces by Hunyuan's own ids
+        # (`<think>\n` = 14023 771 397, `\n</think>\n<answer>\n` = 198 524 27963 397 27 9399 397, its
+        # fast-think forms with `>\n\n` = 1363): the pieces get those ids, and the merges that make
+        # Hunyuan's pieces (its BPE splits `<think` as `<th` `ink`, keeps `think` whole).
+        Family(
+            "hunyuan_a13b",
+            (),
+            not_tokens=("<think>", "</think>"),
+            renumbered=(("<th", 14023), ("ink", 771), (">ĊĊ", 1363), ("</", 524), ("think", 27963), ("answer", 9399)),
+            merges=(("<", "th"), ("th", "ink")),
+        ),
+        # Muse (Muse Spark; vLLM 0.33's muse/musespark1x parsers): channel-scoped messages framed by
+        # special tokens (the parsers turn skip_special_tokens off to see them); the ATEM call tags are text.
+        Family("muse", tuple((t, True) for t in ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")), chat_template=MUSE_TEMPLATE),
     )
 }
 
@@ -200,17 +252,28 @@ def _truncated_json(base: Path) -> str:
     return json.dumps(spec, ensure_ascii=False)
 
 
-def _truncated(base: Path, renamed: tuple[tuple[str, str], ...] = ()) -> "Tokenizer":  # noqa: F821
+def _truncated(base: Path, family: Family | None = None) -> "Tokenizer":  # noqa: F821
     from tokenizers import Tokenizer
 
     text = _truncated_json(Path(base).resolve())
-    if not renamed:
+    family = family or Family("", ())
+    if not (family.renamed or family.not_tokens or family.renumbered or family.merges):
         return Tokenizer.from_str(text)
-    spec, names = json.loads(text), dict(renamed)
+    spec, names = json.loads(text), dict(family.renamed)
     for token in spec["added_tokens"]:
         token["content"] = names.pop(token["content"], token["content"])
-    if names:
-        raise RuntimeError(f"not added tokens of the demo vocabulary: {sorted(names)}")
+    dropped = [t for t in spec["added_tokens"] if t["content"] in family.not_tokens]
+    # Only the last added ids may go: a gap would leave ids that decode to nothing.
+    if names or len(dropped) != len(family.not_tokens) or spec["added_tokens"][len(spec["added_tokens"]) - len(dropped) :] != dropped:
+        raise RuntimeError(f"{family.name}: not the demo vocabulary's (last) added tokens: {sorted(names)} {family.not_tokens}")
+    spec["added_tokens"] = spec["added_tokens"][: len(spec["added_tokens"]) - len(dropped)]
+    vocab = spec["model"]["vocab"]
+    by_id = {i: piece for piece, i in vocab.items()}
+    for piece, new_id in family.renumbered:
+        vocab[by_id[new_id]], vocab[piece] = vocab[piece], new_id
+        by_id[vocab[by_id[new_id]]] = by_id[new_id]
+        by_id[new_id] = piece
+    spec["model"]["merges"] += [list(m) for m in family.merges]
     return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
 
 
@@ -230,7 +293,7 @@ def _write_family(spec: Family, base: Path, tmp: Path) -> None:
     from tokenizers import AddedToken
 
     shutil.copy(base / "generation_config.json", tmp / "generation_config.json")
-    tok = _truncated(base, spec.renamed)
+    tok = _truncated(base, spec)
     first = tok.get_vocab_size()
     tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in spec.added])
     for i, (text, _) in enumerate(spec.added):

@@ -1,7 +1,7 @@
 """tests/app/vllm/test_parser_matrix.py on vLLM 0.33's modules: our derender on 0.33 against 0.33's own
 coupled chat over the same scripted outputs — every family row of 0.33's line
-(tests/support/parser_matrix/families.ROWS, each with its chunking property), the generic sweep of the
-names only 0.33 registers, the start-up refusals of names that cannot run on the demo vocabulary,
+(tests/support/parser_matrix/families.ROWS, each with its chunking property; the names only 0.33 registers
+have family rows of their own), the start-up refusals of names that cannot run on the demo vocabulary,
 the completeness check on 0.33's registries, and docs/parsers.md's names table against them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import family_tokenizers
 from tests.support.parser_matrix import families as fm
-from tests.support.parser_matrix.coverage import NEW_IN_033, SWEEP
+from tests.support.parser_matrix.coverage import NEW_IN_033
 from tests.support.parser_matrix.models import family_model
 from tests.app.vllm.test_parser_matrix import (  # noqa: F401 (collected here)
     demo_tokenizer,
@@ -22,14 +22,9 @@ from tests.app.vllm.test_parser_matrix import (  # noqa: F401 (collected here)
     test_docs_parsers_md_is_generated_from_these_rows,
     test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason,
     test_family_row_matches_vllms_chat,
-    test_sweep_parser_matches_vllms_chat as _sweep_row,
 )
 
 pytestmark = pytest.mark.anyio
-
-# The sweep on 0.33 runs the pairs that hold a name only 0.33 registers (the rest run on 0.32;
-# running all of them here would triple this tier's time).
-_NEW_PAIRS = [c for c in SWEEP if ("tool", c[0]) in NEW_IN_033 or ("reasoning", c[1]) in NEW_IN_033]
 
 
 @pytest.fixture(scope="session")
@@ -41,13 +36,7 @@ def family_dir(demo_model):
     return lambda family: family_model(family, root, demo_model)
 
 
-def test_this_tier_runs_on_033_and_every_new_name_has_a_place():
+def test_this_tier_runs_on_033_and_every_new_name_has_a_family_row():
     assert fm.LINE == "0.33"
-    swept_new = {("tool", t) for t, _ in _NEW_PAIRS} | {("reasoning", r) for _, r in _NEW_PAIRS}
     in_rows = {("tool", r.tool_parser) for r in fm.ROWS} | {("reasoning", r.reasoning_parser) for r in fm.ROWS}
-    assert not NEW_IN_033 - swept_new - in_rows, NEW_IN_033 - swept_new - in_rows
-
-
-@pytest.mark.parametrize("config", _NEW_PAIRS, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
-async def test_sweep_parser_new_in_033_matches_vllms_chat(family_dir, config):
-    await _sweep_row(family_dir, config)
+    assert not NEW_IN_033 - in_rows, NEW_IN_033 - in_rows

@@ -69,7 +69,20 @@ class Derenderer:
     def tool_call_id_type(self) -> str:
         return get_tool_call_id_type(self.model_config)
 
-    def plan(self, parse_context: dict[str, Any] | None, chat_request: dict[str, Any] | None) -> DerenderPlan:
+    def plan(
+        self, parse_context: dict[str, Any] | None, chat_request: dict[str, Any] | None, structured_outputs: Any = None
+    ) -> DerenderPlan:
+        """`structured_outputs`: the constraint the render installed on the sampling params (vLLM's
+        StructuredOutputsParams), which coupled chat's parsers read on their request."""
+        plan = self._plan(parse_context, chat_request)
+        if plan.request is not None and structured_outputs is not None:
+            # Coupled chat hands its parsers the request its parser's adjust_request constrained; some
+            # stream differently under a grammar (hy_v4: a structural tag lets its markers arrive split
+            # into sub-word tokens). Neither parse_context nor 0.33's to_chat_request carries it.
+            plan.request.structured_outputs = structured_outputs
+        return plan
+
+    def _plan(self, parse_context: dict[str, Any] | None, chat_request: dict[str, Any] | None) -> DerenderPlan:
         if self.parser_cls is None:
             return DerenderPlan(self, None, 0)
         if parse_context is None and chat_request is None and self.vllm is not None:

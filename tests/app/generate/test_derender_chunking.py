@@ -170,3 +170,15 @@ def test_fed_merged_steps_whole_granites_parser_loses_the_reasoning(granite, vll
     ids = cc.script_for(vllm_tokenizer, GRANITE_TEXT) + [EOS]
     messages = _messages(granite, vllm_tokenizer, ids, SamplingParams(), _chunkings(len(ids), 40, seed=5))
     assert any(m != messages[0] for m in messages[1:])
+
+
+def test_the_parsers_request_carries_the_constraint_the_render_installed(derenderer):
+    """Coupled chat's parsers read the request their adjust_request constrained, and some stream
+    differently under it (hy_v4 under a structural tag: tests/app/vllm/test_parser_matrix.py's hy4 row,
+    tool_choice required); parse_context does not carry it, the generate request's sampling params do."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    constraint = StructuredOutputsParams(json={"type": "object"})
+    ctx = cc.parse_context({"tools": [cc.WEATHER], "tool_choice": "required"})
+    assert derenderer.plan(ctx, None, constraint).request.structured_outputs is constraint
+    assert derenderer.plan(ctx, None).request.structured_outputs is None

@@ -13,10 +13,13 @@ not is listed with the error it gives, which is asserted."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import re
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from tests.support import chat_cases as cc
@@ -99,13 +102,36 @@ async def _refused(p: Pair, row: fm.Row, case: fm.Case) -> bool:
     return True
 
 
+async def _as_vllm_forces(p: Pair, row: fm.Row, case: fm.Case) -> fm.Case:
+    """A required or named tool_choice scripted as what vLLM makes the model write: where its render
+    installs a JSON schema (guided decoding), the reasoning and then JSON that meets it, whose calls vLLM
+    must read; where it installs none, the family's markup as the case has it."""
+    if case.guided is None:
+        return case
+    constraint = (await p.rendered_sampling(cc.chat_body(**case.chat, n=1))).get("structured_outputs") or {}
+    schema = json.loads(constraint["json"]) if isinstance(constraint.get("json"), str) else constraint.get("json")
+    report.forced(row.id, case.name, schema is not None and not row.grammar_never_applied)
+    if schema is None:
+        return case
+    if row.grammar_never_applied:  # the family's markup, of which the batch reads a named call only
+        report.never_applied(row.id, case.name, row.grammar_never_applied)
+        return dataclasses.replace(case, calls=case.calls if case.chat["tool_choice"] != "required" else ())
+    forced = fm.forced_json(schema, named=case.chat["tool_choice"] != "required")
+    jsonschema.validate(json.loads(forced), schema)
+    names = tuple(call["name"] for call in json.loads(forced)) if forced.startswith("[") else case.calls
+    if row.forced_json_unread:
+        report.unread(row.id, case.name, row.forced_json_unread)
+        names = ()  # asserted: vLLM's batch answer holds no call
+    return dataclasses.replace(case, text=case.guided + forced, calls=names)
+
+
 async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> Side:
     """Parity with vLLM on one case; our side's answers."""
     script = p.tokenizer.encode(case.text, add_special_tokens=False)
     ours, theirs = await p.compare({**case.chat, "n": n}, script)
     where = f"{row_id} {case.name} n={n} interval={interval}"
     _assert_same_error(ours, theirs, where, row_id, case)
-    if case.calls:
+    if case.calls or case.guided is not None:  # a forced tool_choice: exactly these calls, or none
         assert theirs.batch_error is None, f"{where}: vLLM's parser raised on the family's calls: {theirs.batch_error}"
         names = tuple(tc["function"]["name"] for tc in theirs.batch[0][0].get("tool_calls") or [])
         assert names == case.calls, f"{where}: vLLM did not parse the script as the family's calls: {theirs.batch[0][0]}"
@@ -169,6 +195,7 @@ async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: 
         for case in fm.cases(row):
             if await _refused(p, row, case):
                 continue
+            case = await _as_vllm_forces(p, row, case)
             unmerged = await _run(p, row.id, case, n, interval)
             await _any_chunking(p, row.id, case, unmerged)
         report.composed(row.id, p.vllm.app.state.openai_serving_chat.parser_cls)
@@ -251,3 +278,22 @@ def test_a_parser_without_its_familys_tokens_is_refused_at_start_up_with_its_rea
     assert refusal is not None and "\n" not in refusal, refusal
     assert f"--{'tool-call' if kind == 'tool' else 'reasoning'}-parser {name}" in refusal, refusal
     assert REFUSED_ON_THE_DEMO_VOCABULARY[key] in refusal, refusal
+
+
+def test_the_hunyuan_a13b_family_numbers_its_markers_as_vllms_parser_matches_them(family_dir):
+    """vLLM's streaming hunyuan_a13b reasoning parser switches on Hunyuan's own token ids, one id a delta:
+    the family tokenizer must encode the think and answer markers to exactly those ids (the format's
+    empty think block included), else its row would judge a stream that never leaves `idle`."""
+    from vllm.reasoning.hunyuan_a13b_reasoning_parser import HunyuanA13BReasoningParser
+    from vllm.tokenizers import get_tokenizer
+
+    from tests.support.parser_matrix.formats import FORMATS
+
+    tokenizer = get_tokenizer(str(family_dir("hunyuan_a13b")))
+    parser = HunyuanA13BReasoningParser(tokenizer)
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    assert encode("<think>\n") == parser.think_start_ids and encode("<think>\n\n") == parser.think_start_ids_fast
+    assert encode("\n</think>\n<answer>\n") == parser.response_start_ids
+    assert encode("</think>\n<answer>\n") == parser.response_start_ids_fast
+    assert encode("\n</answer>") == parser.response_end_ids
+    assert encode(FORMATS["hunyuan_a13b"].opening) == parser.fast_think_ids

@@ -8,6 +8,7 @@ the family's tokenizer.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ class Row:
     stop_string_loses_call: str | None = None
     lines: tuple[str, ...] = ("0.32", "0.33")  # the vLLM lines that register its parsers
     variant: str = ""  # tells apart two rows of the same parsers served another way (a mode)
+    # Why vLLM's parser reads no call from the JSON its own render forces for required/named (asserted).
+    forced_json_unread: str | None = None
+    # Why vLLM's engine never applies the grammar its render installs for required/named: the model
+    # writes free (the family's markup, scripted so), and vLLM's batch reads it as it would the JSON (asserted).
+    grammar_never_applied: str | None = None
 
     @property
     def id(self) -> str:
@@ -99,7 +105,17 @@ ALL_ROWS = [
     Row("minimax_m2", "minimax_m2", "minimax_m2", "minimax_m2"),
     Row("llama3", "llama3_json", None, "llama3_json"),
     Row("llama3", "llama4_json", None, "llama3_json"),
-    Row("mistral", "mistral", "mistral", "mistral"),
+    Row(
+        "mistral",
+        "mistral",
+        "mistral",
+        "mistral",
+        forced_json_unread=(
+            "for required and named vLLM's render forces a bare JSON list of `{name, arguments}` (its schema for a "
+            "Mistral tokenizer before v11 and for any HF-mode one), but with `[ARGS]` in the vocabulary its mistral "
+            "parser reads only `[TOOL_CALLS]name[ARGS]{...}` calls: the forced list stays content, with no call"
+        ),
+    ),
     # As vLLM serves Command models: cohere_melody renders the prompt (cmd4's unless told cmd3).
     Row(
         "cohere",
@@ -189,6 +205,40 @@ ALL_ROWS = [
     Row("ernie45", "ernie45", "ernie45", "ernie45", thinking_switch=False),
     # vLLM picks HarmonyParser for a gpt_oss model whatever the flags; these are the flags it documents.
     Row("gpt_oss", "openai", "openai_gptoss", "harmony", thinking_switch=False),
+    # Inkling: typed blocks; the thinking block is the model's choice (vLLM's parser reads no switch).
+    Row("inkling", "inkling", "inkling", "inkling", thinking_switch=False),
+    # Ling3 writes GLM-4.7's calls (vLLM's Ling3Parser is Glm47MoeParser's) and thinks unless told
+    # `thinking` or `enable_thinking` false.
+    Row("glm45", "ling3", "ling3", "glm47"),
+    Row("muse_glimmer", "muse_glimmer", "muse_glimmer", "muse_glimmer", thinking_switch=False),
+    Row("plamo3", "plamo3", "plamo3", "plamo3"),
+    # Step-3.5's template always opens `<think>`: vLLM's step3p5 parser ignores enable_thinking.
+    Row("qwen3", "step3p5", "step3p5", "step3p5", thinking_switch=False),
+    # Hunyuan A13B thinks unless told not to (enable_thinking false, or /no_think): then it writes the
+    # empty think block, which vLLM's parser knows by its token ids as well.
+    Row(
+        "hunyuan_a13b",
+        "hunyuan_a13b",
+        "hunyuan_a13b",
+        "hunyuan_a13b",
+        grammar_never_applied=(
+            "vLLM's structured-output gate asks the hunyuan_a13b reasoning parser's is_reasoning_end, which reads a "
+            "state only its streaming extraction moves (the engine's own parser instance never streams), so the "
+            "reasoning never ends for the grammar and guided decoding never starts"
+        ),
+        stop_string_loses_call=(
+            "vLLM's streaming hunyuan_a13b reasoning parser switches on each delta's token id but sends that delta's "
+            "text, which the stop string's buffer has shifted against the ids: the tags go out as reasoning "
+            "(`think>\\n`) and content (`nswer>\\n`), and the tool parser never sees the answer start with `<tool_calls>`"
+        ),
+    ),
+    # vLLM 0.33's Muse (Muse Spark; musespark1x is the same parsers): channel-scoped messages, calls as ATEM
+    # invokes in tool channels. Reasoning is the `to=self` channel, which the model writes or not (no switch).
+    Row("muse", "muse", "muse", "muse", thinking_switch=False, lines=("0.33",)),
+    Row("muse", "musespark1x", "musespark1x", "muse", thinking_switch=False, lines=("0.33",)),
+    # vLLM 0.33's Step-5: Qwen3-Coder's XML calls (content whitespace kept) in Qwen's vocabulary; its
+    # reasoning parser is DeepSeek-R1's (everything before `</think>` is reasoning: no off switch).
+    Row("qwen3", "step5", "step5", "qwen3_coder", thinking_switch=False, lines=("0.33",)),
 ]
 
 ROWS = [row for row in ALL_ROWS if LINE in row.lines]  # the rows of this process's line
@@ -209,6 +259,25 @@ class Case:
     # With `differs`: why vLLM's stream lost the call there (then its finish_reason is `stop`, ours
     # `tool_calls`, and that is asserted instead of equal finish_reasons).
     lost_call: str | None = None
+    # A required or named tool_choice: the reasoning before the call. Where vLLM's render forces JSON,
+    # the test scripts this and the JSON (forced_json); where it forces none, `text` (the family's markup).
+    guided: str | None = None
+
+
+def forced_json(schema: dict[str, Any], named: bool) -> str:
+    """What guided decoding makes the model write under `schema`, the JSON schema vLLM's render installs
+    for tool_choice required or named: a list of call objects (their keys as the schema names them:
+    `parameters` for vLLM's own, `arguments` for Mistral's), or the named tool's arguments object."""
+    calls = [("get_weather", WEATHER_ARGS)] + ([] if named else [("search", SEARCH_ARGS)])
+    if schema.get("type") != "array":
+        return json.dumps(WEATHER_ARGS, ensure_ascii=False)
+    branches = schema["items"].get("anyOf", [schema["items"]])
+
+    def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        branch = next(b for b in branches if name in b["properties"]["name"].get("enum", [b["properties"]["name"].get("const")]))
+        return {"name": name, next(k for k in branch["required"] if k != "name"): args}
+
+    return json.dumps([call(n, a) for n, a in calls[: schema.get("maxItems", len(calls))]], ensure_ascii=False)
 
 
 STOP_STRINGS = "vllm-differences.md#derender-stop-string-alignment"
@@ -220,18 +289,31 @@ def cases(row: Row) -> list[Case]:
     both = f.calls(several)
     one = f.calls([("get_weather", WEATHER_ARGS)])
     think = f.think("The user wants the weather; I will call the tools.") if row.reasoning_parser else ""
+    bare = f.opening  # how an output without a thought starts (Hunyuan A13B: an empty think block)
     out = [Case("reasoning_then_content", (think or "") + f.content("It is sunny in Zürich."))]
     if row.tool_parser:
         tools = {"tools": TOOLS}
         out += [
             Case("reasoning_then_two_calls", think + both, tools, tuple(n for n, _ in several)),
-            Case("content_around_calls", f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
-            Case("call_cut_by_length", one, {**tools, "max_tokens": f.cut_at}),
+            Case("content_around_calls", bare + f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
+            Case("call_cut_by_length", bare + one, {**tools, "max_tokens": f.cut_at}),
             Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS, lost_call=row.stop_string_loses_call),
-            Case("tool_choice_required", one, {**tools, "tool_choice": "required"}),
-            Case("tool_choice_named", one, {**tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            Case("tool_choice_none", f.content("No tools needed."), {**tools, "tool_choice": "none"}),
+            *_forced_choices(row, think, one, tools),
+            Case("tool_choice_none", bare + f.content("No tools needed."), {**tools, "tool_choice": "none"}),
         ]
         if row.thinking_switch:
-            out.append(Case("thinking_off_then_call", one, {**tools, "chat_template_kwargs": dict(row.thinking_off)}, ("get_weather",)))
+            out.append(Case("thinking_off_then_call", bare + one, {**tools, "chat_template_kwargs": dict(row.thinking_off)}, ("get_weather",)))
     return out
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _forced_choices(row: Row, think: str, one: str, tools: dict[str, Any]) -> list[Case]:
+    """tool_choice required and named: a thinking model reasons first (guided decoding applies after the
+    reasoning ends; a prompt that opens the reasoning leaves the model no other way), then writes what vLLM
+    forces: the JSON of its render's schema (the test fills it in), or the family's markup where it forces
+    none, which vLLM reads with the parser as under auto: it must find the call after the reasoning."""
+    chats = (("tool_choice_required", {**tools, "tool_choice": "required"}), ("tool_choice_named", {**tools, "tool_choice": NAMED}))
+    # Guided decoding's JSON grammar takes over right after the reasoning's end: no blank line before it.
+    return [Case(name, think + one, chat, ("get_weather",), guided=think.rstrip()) for name, chat in chats]

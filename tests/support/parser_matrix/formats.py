@@ -30,6 +30,7 @@ class Format:
     after_calls: Callable[[str], str] = lambda text: " " + text  # content after calls ("" if a call ends the turn)
     calls_per_turn: int = 2
     cut_at: int = 9  # max_tokens of call_cut_by_length: the output ends inside the call's arguments
+    opening: str = ""  # what an output without a thought of its own starts with (the family always frames one)
 
 
 def _think(text: str) -> str:
@@ -334,3 +335,12 @@ FORMATS: dict[str, Format] = {
         after_calls=lambda text: "",
     ),
 }
+
+# The formats of further families (tests/support/parser_matrix/formats_b.py), read from their parsers.
+from tests.support.parser_matrix.formats_b import FORMATS_B  # noqa: E402 (needs FORMATS and Format above)
+
+FORMATS.update(FORMATS_B)
+
+from tests.support.parser_matrix.formats_c import FORMATS_C  # noqa: E402 (it builds on Format above)
+
+FORMATS.update(FORMATS_C)

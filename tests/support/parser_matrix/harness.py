@@ -122,15 +122,8 @@ class Pair:
 
     async def derender_request(self, chat: dict[str, Any], script: list[int]) -> dict[str, Any]:
         """What a render server sends us for `chat`: vLLM's render of it plus parse_context (rendered
-        once per chat and script: the matrix's chunkings reuse the parity check's request)."""
-        key = json.dumps([chat, script], sort_keys=True)
-        if key not in self.renders:
-            self.renders[key] = await self._render(chat, script)
-        return self.renders[key]
-
-    async def _render(self, chat: dict[str, Any], script: list[int]) -> dict[str, Any]:
-        rendered = await _post(self.vllm, CHAT + "/render", chat)
-        gen = rendered[0] if isinstance(rendered, list) else rendered
+        once per chat: the matrix's chunkings reuse the parity check's render)."""
+        gen = await self._render(chat)
         sampling = dict(gen["sampling_params"])
         sampling["extra_args"] = {**(sampling.get("extra_args") or {}), "replay_token_ids": script}
         return {
@@ -140,6 +133,17 @@ class Pair:
             "parse_context": cc.parse_context(chat),
             **{k: gen[k] for k in ("reasoning_ended", "reasoning_parser_kwargs") if gen.get(k) is not None},
         }
+
+    async def rendered_sampling(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The sampling params vLLM's render gives `chat` (what its parser's adjust_request set)."""
+        return (await self._render(chat))["sampling_params"]
+
+    async def _render(self, chat: dict[str, Any]) -> dict[str, Any]:
+        key = json.dumps(chat, sort_keys=True)
+        if key not in self.renders:
+            rendered = await _post(self.vllm, CHAT + "/render", chat)
+            self.renders[key] = rendered[0] if isinstance(rendered, list) else rendered
+        return self.renders[key]
 
     async def ours_streamed(self, request: dict[str, Any]) -> Side:
         """Our stream alone for a generate request (its batch left empty): a client's own

@@ -38,6 +38,30 @@ def parser_error(row: str, case: str, part: str, status: int, message: str) -> N
     PARSER_ERRORS[(row, case, part)] = (status, message)
 
 
+# (row, case) -> whether vLLM's render forced JSON for that required/named tool_choice (else the family's markup).
+FORCED: dict[tuple[str, str], bool] = {}
+
+
+def forced(row: str, case: str, json_schema: bool) -> None:
+    FORCED[(row, case)] = json_schema
+
+
+# (row, case) -> why vLLM's parser reads no call from the JSON its render forced (families.Row.forced_json_unread).
+UNREAD: dict[tuple[str, str], str] = {}
+
+
+def unread(row: str, case: str, why: str) -> None:
+    UNREAD[(row, case)] = why
+
+
+# (row, case) -> why vLLM's engine never applies the grammar its render installs (Row.grammar_never_applied).
+NEVER_APPLIED: dict[tuple[str, str], str] = {}
+
+
+def never_applied(row: str, case: str, why: str) -> None:
+    NEVER_APPLIED[(row, case)] = why
+
+
 def on_purpose(row: str, case: str, why: str) -> None:
     ON_PURPOSE[(row, case)] = why
 
@@ -142,6 +166,7 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
             f"| {stream} | {stream} | {'✓' if proven else 'not run'} | {_agreement_cell(r.id) if proven else 'not run'} "
             f"| {_cell(r.id, 'any-chunking')} |"
         )
+    out += ["", *forced_table()]
     out += ["", *names_table(*_both_lines())]
     out += [
         "",
@@ -250,6 +275,39 @@ def names_table(tools: list[str], reasonings: list[str]) -> list[str]:
                 status = REFUSED_ON_THE_DEMO_VOCABULARY.get((kind, name), "in no row (the completeness test fails)")
             out.append(f"| {kind} | {name} | {lines} | {', '.join(f'`{h}`' for h in homes) or '—'} | {status} |")
     return out
+
+
+def forced_table() -> list[str]:
+    """How each row's tool_choice required and named cases were scripted: what vLLM makes its model write."""
+
+    def rows(json_schema: bool) -> str:
+        found = sorted({row for (row, _), forced_json in FORCED.items() if forced_json == json_schema})
+        return ", ".join(f"`{r}`" for r in found) or "none"
+
+    return [
+        "## tool_choice required and named: what the model is made to write",
+        "",
+        "Where vLLM's render installs a JSON schema for them (the tool parser reads vLLM's JSON:",
+        "`supports_required_and_named`, or Mistral's own schema), guided decoding forces that JSON: for `required`",
+        "a list of call objects (`{\"name\", \"parameters\"}`; Mistral's `{\"name\", \"arguments\"}`), for a named tool",
+        "its arguments object. The script is that JSON, checked against the schema, and vLLM must read its calls.",
+        "Where the render installs none (a structural tag keeps the family's markup, or nothing constrains it),",
+        "vLLM reads the calls with the parser: the script is the family's markup, and vLLM must find the call.",
+        "A row with a reasoning parser reasons first in both (guided decoding starts where the reasoning ends;",
+        "where the prompt opens the reasoning, as step3's, ernie45's and Hunyuan's do, the model has no other way).",
+        "",
+        "- forced JSON: " + rows(True),
+        "- the family's markup: " + rows(False),
+        "",
+        "vLLM reads no call from the JSON its own render forced (asserted):",
+        "",
+        *([f"- **{row}**, `{case}`: {why}" for (row, case), why in sorted(UNREAD.items())] or ["None."]),
+        "",
+        "vLLM's engine never applies the grammar its render installs (scripted as the family's markup; under",
+        "`required` vLLM's batch reads no call from it, asserted):",
+        "",
+        *([f"- **{row}**, `{case}`: {why}" for (row, case), why in sorted(NEVER_APPLIED.items())] or ["None."]),
+    ]
 
 
 NOT_JUDGED_SWEEP = "stream = batch not judged (issue 33: no family row yet)"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.support.parser_matrix.verdicts_b import BY_HAND_B
+
 CUT_CASES = ("call_cut_by_length", "stop_string_inside_markup")
 
 ESCAPING = (
@@ -59,7 +61,7 @@ _LLAMA = {
 }
 _GLM_PLAIN_TEXT = (
     "stream is right: the model wrote this text without `<think>` (the prompt did not open "
-    "reasoning); vLLM's batch reasoning parser (glm45, glm47) files text with no `</think>` as "
+    "reasoning); vLLM's batch reasoning parser (glm45, glm47, ling3) files text with no `</think>` as "
     "reasoning, its streaming parser as content{after}"
 )
 _HERMES_CUT = (
@@ -79,14 +81,20 @@ _STRIPPED_AND_JOINED = (
     "vLLM's batch parser strips the text on both sides of the call and joins it with a newline"
 )
 
+# Ling3's parser is GLM-4.7's (vllm/parser/ling3.py), with the same answers.
+_GLM_ROWS = ("glm45:glm45+glm45", "glm45:glm47+glm47", "glm45:ling3+ling3")
+
+# Rows whose tool parser vLLM runs engine-based, judged on tool_choice=required's forced JSON list.
+ENGINE_REQUIRED = ("seed_oss:seed_oss+seed_oss", "granite:granite+-")
+
 # (row id, case) -> verdict, for cases no rule above covers.
 BY_HAND: dict[tuple[str, str], str] = {
     **{(f"llama3:{tool}+-", case): why for tool in ("llama3_json", "llama4_json") for case, why in _LLAMA.items()},
     **{
         (row, "content_around_calls"): _GLM_PLAIN_TEXT.format(after=", and drops ` Done.` after the call")
-        for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")
+        for row in _GLM_ROWS
     },
-    **{(row, "tool_choice_none"): _GLM_PLAIN_TEXT.format(after="") for row in ("glm45:glm45+glm45", "glm45:glm47+glm47")},
+    **{(row, "tool_choice_none"): _GLM_PLAIN_TEXT.format(after="") for row in _GLM_ROWS},
     # qwen3_json is vLLM's alias of hermes (the same class): the same cases, the same verdicts.
     **{(f"qwen3:{tool}+qwen3", "call_cut_by_length"): _HERMES_CUT.format(stream="`{}`") for tool in ("hermes", "qwen3_json")},
     **{(f"qwen3:{tool}+qwen3", "stop_string_inside_markup"): _HERMES_CUT.format(stream="partial") for tool in ("hermes", "qwen3_json")},
@@ -109,27 +117,29 @@ BY_HAND: dict[tuple[str, str], str] = {
         "the model never wrote. A client must not run a call of a choice that finished with a stop string "
         "inside the call"
     ),
-    ("qwen3:xlam+-", "tool_choice_required"): (
-        "neither: with tool_choice=required vLLM reads the output as the JSON list guided decoding forces, "
-        "whose calls hold `parameters`; the family's list writes `arguments`, so the batch answer holds a call "
-        "with `null` arguments, and the stream parses no call"
-    ),
     ("k2_horizon:k2_horizon+k2_horizon", "tool_choice_none"): (
         "batch is right: the model wrote no think block, so the text is the answer (vLLM's batch parser "
         "reads output without `</ifm|think>` or a call as content); the streaming parser sends it as "
         "reasoning while no end marker has come, and never moves it"
     ),
     **{("qwen3:olmo3+olmo3", case): _OLMO3_NO_THINK for case in ("content_around_calls", "call_cut_by_length", "tool_choice_none", "thinking_off_then_call")},
-    ("qwen3:olmo3+olmo3", "tool_choice_required"): (
-        "neither: with tool_choice=required vLLM's guided decoding would force a JSON list of calls, which this "
-        "script (the family's markup) is not; the batch answer parses no call and drops the text, the stream "
-        "sends it as reasoning (no `</think>` came)"
-    ),
-    ("qwen3:olmo3+olmo3", "tool_choice_named"): (
-        "neither is a call to run: with a named tool_choice vLLM's guided decoding would force the arguments "
-        "as JSON, which this script (the family's markup) is not; the batch answer takes the whole markup as "
-        "the arguments, the stream sends it as reasoning (no `</think>` came)"
-    ),
+    **{
+        ("qwen3:olmo3+olmo3", case): (
+            "batch is right: guided decoding made the model write the forced JSON after its reasoning, and vLLM's "
+            "batch answer reads the call{s} from it; its stream sends that JSON as content and no call (the text "
+            "after `</think>` never reaches the tool-call path there)"
+        ).format(s="s" if case == "tool_choice_required" else "")
+        for case in ("tool_choice_required", "tool_choice_named")
+    },
+    **{
+        (row, "tool_choice_required"): (
+            "batch is right: guided decoding made the model write the forced JSON list, and vLLM's batch answer "
+            "reads both calls; its stream sends no call: with an engine-based tool parser vLLM's composed parser "
+            "hands each step's text alone, not the text so far, to the required-list scanner, which never sees "
+            "a whole list element"
+        )
+        for row in ENGINE_REQUIRED
+    },
     ("qwen3:olmo3+olmo3", "reasoning_then_two_calls"): (
         "batch is right: the model wrote the calls after its reasoning; vLLM's streaming olmo3 tool parser "
         "takes calls only when the text starts with `<`, and the text after `</think>` starts with a blank "
@@ -180,6 +190,7 @@ BY_HAND: dict[tuple[str, str], str] = {
         "(the model always thinks first); the stream drops the `<response>` tags (its streaming parser skips "
         "each tag's token), the batch keeps them"
     ),
+    **BY_HAND_B,
 }
 
 
