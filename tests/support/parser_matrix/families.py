@@ -298,7 +298,7 @@ def cases(row: Row) -> list[Case]:
             Case("content_around_calls", bare + f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
             Case("call_cut_by_length", bare + one, {**tools, "max_tokens": f.cut_at}),
             Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS, lost_call=row.stop_string_loses_call),
-            *_forced_choices(row, think, one, tools),
+            *_forced_choices(think, one, tools),
             Case("tool_choice_none", bare + f.content("No tools needed."), {**tools, "tool_choice": "none"}),
         ]
         if row.thinking_switch:
@@ -309,7 +309,7 @@ def cases(row: Row) -> list[Case]:
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _forced_choices(row: Row, think: str, one: str, tools: dict[str, Any]) -> list[Case]:
+def _forced_choices(think: str, one: str, tools: dict[str, Any]) -> list[Case]:
     """tool_choice required and named: a thinking model reasons first (guided decoding applies after the
     reasoning ends; a prompt that opens the reasoning leaves the model no other way), then writes what vLLM
     forces: the JSON of its render's schema (the test fills it in), or the family's markup where it forces
