@@ -14,6 +14,7 @@ from typing import Any
 import vllm
 
 from tests.support import chat_cases as cc
+from tests.support.parser_matrix import mistral_mode
 from tests.support.parser_matrix.formats import FORMATS
 
 SEARCH = {
@@ -100,6 +101,18 @@ ALL_ROWS = [
     Row("llama3", "llama3_json", None, "llama3_json"),
     Row("llama3", "llama4_json", None, "llama3_json"),
     Row("mistral", "mistral", "mistral", "mistral"),
+    # As vLLM serves Mistral's own checkpoints: mistral_common's tokenizer (NeMo's tekken.json, v3: no
+    # [THINK]) renders the prompt; its calls are the pre-v11 JSON list (tests/support/parser_matrix/mistral_mode.py).
+    Row(
+        mistral_mode.FAMILY,
+        "mistral",
+        None,
+        "mistral_v3",
+        refused_at_render=mistral_mode.REFUSED_AT_RENDER,
+        variant="tokenizer-mode-mistral",
+        serve_flags=mistral_mode.SERVE_FLAGS,
+        stop_string_loses_call=mistral_mode.LOSES_CALL,
+    ),
     # As vLLM serves Command models: cohere_melody renders the prompt (cmd4's unless told cmd3).
     Row(
         "cohere",
