@@ -29,8 +29,8 @@ REFUSED_AT_RENDER = (("thinking_off_then_call", "chat_template is not supported 
 LOSES_CALL = (
     "vLLM's streaming mistral parser (pre-v11 path) latches on the [TOOL_CALLS] id and cuts the marker out "
     "of that delta's text; with the text held back behind the token ids, that text is `[TOOL`, which goes "
-    "out as content, and `_CALLS]` reaches its JSON parser next, which fails there and on every later delta "
-    "(logged, nothing sent): the call is lost"
+    "out as content, and the marker's rest (`_CALLS]`) reaches its JSON parser next, which fails there and on "
+    "every later delta (logged, nothing sent): the call is lost"
 )
 
 
