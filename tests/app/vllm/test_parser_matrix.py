@@ -30,6 +30,7 @@ from tests.support.parser_matrix import families as fm
 from tests.support.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY, SWEEP, registered, stale, sweep_cases, unplaced
 from tests.support.parser_matrix.harness import Pair, Side, pair
 from tests.support.parser_matrix.models import family_model
+from tests.support.parser_matrix.mistral_mode import script_of
 from tests.support.parser_matrix import report
 from tests.support.parser_matrix.verdicts import BY_HAND
 
@@ -127,7 +128,7 @@ async def _as_vllm_forces(p: Pair, row: fm.Row, case: fm.Case) -> fm.Case:
 
 async def _run(p: Pair, row_id: str, case: fm.Case, n: int, interval: int) -> Side:
     """Parity with vLLM on one case; our side's answers."""
-    script = p.tokenizer.encode(case.text, add_special_tokens=False)
+    script = script_of(p.tokenizer, case.text)
     ours, theirs = await p.compare({**case.chat, "n": n}, script)
     where = f"{row_id} {case.name} n={n} interval={interval}"
     _assert_same_error(ours, theirs, where, row_id, case)
@@ -165,7 +166,7 @@ CHUNKINGS = [
 async def _any_chunking(p: Pair, row_id: str, case: fm.Case, unmerged: Side) -> None:
     """Our folded stream and its finish_reason under every chunking equal the unmerged stream's
     (which equals vLLM's, delta by delta, and its batch answer where vLLM's own two agree)."""
-    script = p.tokenizer.encode(case.text, add_special_tokens=False)
+    script = script_of(p.tokenizer, case.text)
     request = await p.derender_request(cc.chat_body(**case.chat, n=1), script)  # the parity check's render
     want = (cc.without_ids(unmerged.folded(0)), unmerged.stream_finish(0), unmerged.stream_error)
 

@@ -15,6 +15,7 @@ from typing import Any
 import vllm
 
 from tests.support import chat_cases as cc
+from tests.support.parser_matrix import mistral_mode
 from tests.support.parser_matrix.formats import FORMATS
 
 SEARCH = {
@@ -115,6 +116,18 @@ ALL_ROWS = [
             "Mistral tokenizer before v11 and for any HF-mode one), but with `[ARGS]` in the vocabulary its mistral "
             "parser reads only `[TOOL_CALLS]name[ARGS]{...}` calls: the forced list stays content, with no call"
         ),
+    ),
+    # As vLLM serves Mistral's own checkpoints: mistral_common's tokenizer (NeMo's tekken.json, v3: no
+    # [THINK]) renders the prompt; its calls are the pre-v11 JSON list (tests/support/parser_matrix/mistral_mode.py).
+    Row(
+        mistral_mode.FAMILY,
+        "mistral",
+        None,
+        "mistral_v3",
+        refused_at_render=mistral_mode.REFUSED_AT_RENDER,
+        variant="tokenizer-mode-mistral",
+        serve_flags=mistral_mode.SERVE_FLAGS,
+        stop_string_loses_call=mistral_mode.LOSES_CALL,
     ),
     # As vLLM serves Command models: cohere_melody renders the prompt (cmd4's unless told cmd3).
     Row(

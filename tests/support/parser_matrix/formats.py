@@ -213,6 +213,8 @@ FORMATS: dict[str, Format] = {
         lambda text: f"[THINK]{text}[/THINK]",
         _each(lambda n, a, i: f"[TOOL_CALLS]{n}[ARGS]{_json(a)}"),
     ),
+    # Mistral's pre-v11 tokenizers (NeMo's Tekken v3): the turn's calls as one JSON list after [TOOL_CALLS], ending it.
+    "mistral_v3": Format(_think, _json_list("[TOOL_CALLS]"), after_calls=lambda text: ""),
     # gpt-oss (harmony): every message in a channel; a call ends the turn (<|call|> is a stop token).
     "harmony": Format(
         lambda text: f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant",

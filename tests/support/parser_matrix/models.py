@@ -13,10 +13,13 @@ from pathlib import Path
 from tests.support.family_tokenizers import build_family_model
 from tests.support.harmony_model import CACHE_SUBDIR, build_harmony_model
 from tests.support import o200k
+from tests.support.parser_matrix import mistral_mode
 
 
 def family_model(family: str, root: Path, demo_model: Path) -> Path:
     """`family`'s model directory under `root` (built once), on `demo_model`'s vocabulary."""
+    if family == mistral_mode.FAMILY:
+        return mistral_mode.build_mistral_model(root, demo_model)
     if family != "gpt_oss":
         return build_family_model(family, root / family, demo_model)
     vocabulary = o200k.ensure()

@@ -143,6 +143,8 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         "qwen3_hf is the demo model with a transformers `response_template` (vLLM's `hf` parser);",
         "cohere is the demo model with Cohere Command's markers and a Cohere2 architecture, served as",
         "vLLM serves Command models (cohere_melody renders the prompt): a row's further flags are in its first cell.",
+        "mistral_tekken is Mistral NeMo's own tokenizer (mistral_common's tekken_240718.json, v3) on the demo config,",
+        "served as vLLM serves Mistral's checkpoints (`--tokenizer-mode mistral`: mistral_common renders the prompt).",
         "The real-engine proof behind the scripted engine: tests/engine/decode/test_scripted_parity.py (DelegatingParser)",
         "and tests/engine/test_parser_matrix_real.py (ResponseTemplateParser, HarmonyParser on a real",
         "GptOssForCausalLM with dummy weights, KimiK3Parser); MiniCPMVUnifiedParser runs on the scripted engine only.",
