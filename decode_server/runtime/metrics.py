@@ -91,7 +91,7 @@ class Metrics:
         self.stream_wakeups = single(
             Counter, "decode_server_stream_wakeups", "Stream writers woken by the one-pass consumer (one per stream that got events in a pass)"
         )
-        self.stream_writes = single(Counter, "decode_server_stream_writes", "Writes of stream events to the response (one per wake-up)")
+        self.stream_writes = single(Counter, "decode_server_stream_writes", "Writes of stream events to the response (one per wake-up; added when each stream ends)")
 
     def _process_series(self, single: Callable[..., Any]) -> None:
         """This process's own state: CPU, the drain, peers' aborts, per-request state held."""
