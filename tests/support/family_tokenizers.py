@@ -238,6 +238,19 @@ FAMILIES: dict[str, Family] = {
         # Muse (Muse Spark; vLLM 0.33's muse/musespark1x parsers): channel-scoped messages framed by
         # special tokens (the parsers turn skip_special_tokens off to see them); the ATEM call tags are text.
         Family("muse", tuple((t, True) for t in ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")), chat_template=MUSE_TEMPLATE),
+        # Google Gemma 4: channel, tool-call, string-quote and turn tokens, all special (vLLM's gemma4
+        # parser decodes with skip_special_tokens off and finds them by id and in the text).
+        Family("gemma4", tuple((t, True) for t in ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|turn>", "<|tool_response>"))),
+        # Google FunctionGemma: its function-call and <escape> tokens, special (vLLM's functiongemma
+        # parser turns skip_special_tokens off for them).
+        Family(
+            "functiongemma",
+            tuple((t, True) for t in ("<start_function_call>", "<end_function_call>", "<escape>", "<start_function_response>", "<end_function_response>")),
+        ),
+        # OpenBMB MiniCPM5: the call tags are special tokens (vLLM's minicpm5 parser turns
+        # skip_special_tokens off for them and mends `<functionname=`, the decode of `<function`
+        # followed by ` name`), the rest of each element plain text.
+        Family("minicpm5", tuple((t, True) for t in ("<function", "</function>", "<param", "</param>"))),
     )
 }
 

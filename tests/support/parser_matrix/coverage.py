@@ -41,16 +41,7 @@ NEW_IN_033 = {(kind, name) for kind in ("tool", "reasoning") for name in ("beam"
 # judged against the family's format): issue 33's to-do list, shrinking as family rows land
 # (docs/parsers.md's names table says which are left). Written out, not derived: a name a new vLLM
 # registers is in no row until someone places it, and the completeness check says so.
-SWEPT: dict[str, frozenset[str]] = {
-    "tool": frozenset((
-        "functiongemma", "gemma4",
-        "mimo", "minicpm5",
-    )),
-    "reasoning": frozenset((
-        "gemma4", "holo2", "mimo", "minicpmv",
-        "minimax_m2_append_think",
-    )),
-}
+SWEPT: dict[str, frozenset[str]] = {"tool": frozenset(), "reasoning": frozenset()}  # every name has a family row
 
 
 def registered() -> tuple[list[str], list[str]]:

@@ -252,6 +252,17 @@ ALL_ROWS = [
     # vLLM 0.33's Step-5: Qwen3-Coder's XML calls (content whitespace kept) in Qwen's vocabulary; its
     # reasoning parser is DeepSeek-R1's (everything before `</think>` is reasoning: no off switch).
     Row("qwen3", "step5", "step5", "qwen3_coder", thinking_switch=False, lines=("0.33",)),
+    # Gemma 4 thinks when asked (enable_thinking, which vLLM's gemma4 parser reads too): served thinking.
+    Row("gemma4", "gemma4", "gemma4", "gemma4", serve_flags=("--default-chat-template-kwargs", '{"enable_thinking": true}')),
+    Row("functiongemma", "functiongemma", None, "functiongemma"),
+    # MiMo and MiniCPM-V 4.5 write on Qwen's vocabulary (the demo's <think> and <tool_call>); Holo2 is
+    # Qwen3-VL with hermes' calls, and its reasoning parser DeepSeek V3's, thinking unless told not to.
+    Row("qwen3", "mimo", "mimo", "mimo"),
+    Row("qwen3", "qwen3_coder", "minicpmv", "qwen3_coder"),
+    Row("qwen3", "hermes", "holo2", "hermes"),
+    Row("minicpm5", "minicpm5", None, "minicpm5"),
+    # MiniMax M2 always thinks, in a block its template opens (the parser gives it back as content).
+    Row("minimax_m2", "minimax_m2", "minimax_m2_append_think", "minimax_m2_opened", thinking_switch=False),
 ]
 
 ROWS = [row for row in ALL_ROWS if LINE in row.lines]  # the rows of this process's line
