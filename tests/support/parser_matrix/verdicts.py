@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from tests.support.parser_matrix.verdicts_b import BY_HAND_B
+from tests.support.parser_matrix.verdicts_a import BY_HAND_A
 
 CUT_CASES = ("call_cut_by_length", "stop_string_inside_markup")
 
@@ -191,6 +192,7 @@ BY_HAND: dict[tuple[str, str], str] = {
         "each tag's token), the batch keeps them"
     ),
     **BY_HAND_B,
+    **BY_HAND_A,
 }
 
 
