@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.support.parser_matrix.verdicts_b import BY_HAND_B
 from tests.support.parser_matrix.verdicts_a import BY_HAND_A
+from tests.support.parser_matrix.verdicts_b import BY_HAND_B
 
 CUT_CASES = ("call_cut_by_length", "stop_string_inside_markup")
 

@@ -27,11 +27,18 @@ _NO_THINK_END = (
 )
 
 BY_HAND_A: dict[tuple[str, str], str] = {
-    (_MINICPMV, "reasoning_then_two_calls"): (
-        "batch is right: the model thought in `<think>`, then called; "
-        + _TOOLS_IN_PROMPT
-        + ", and sends the thought, `<think>` included, as content (dropping `</think>`)"
-    ),
+    **{
+        (_MINICPMV, case): (
+            f"batch is right: the model thought in `<think>`, then {called}; "
+            + _TOOLS_IN_PROMPT
+            + ", and sends the thought, `<think>` included, as content (dropping `</think>`)"
+        )
+        for case, called in (
+            ("reasoning_then_two_calls", "called"),
+            ("tool_choice_required", "wrote the calls vLLM's guided decoding forced"),
+            ("tool_choice_named", "wrote the arguments vLLM's guided decoding forced"),
+        )
+    },
     (_MINICPMV, "content_around_calls"): _BY_THE_GRAMMAR.format(
         reading="text before a call with no `</think>` is the thought, which the call ends, and the text after the "
         "call is dropped",
