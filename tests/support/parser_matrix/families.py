@@ -17,6 +17,7 @@ import vllm
 from tests.support import chat_cases as cc
 from tests.support.parser_matrix import mistral_mode
 from tests.support.parser_matrix.formats import FORMATS
+from tests.support.parser_matrix.formats_a import MINICPM5_LOSES_CALL
 
 SEARCH = {
     "type": "function",
@@ -260,18 +261,7 @@ ALL_ROWS = [
     Row("qwen3", "mimo", "mimo", "mimo"),
     Row("qwen3", "qwen3_coder", "minicpmv", "qwen3_coder"),
     Row("qwen3", "hermes", "holo2", "hermes"),
-    Row(
-        "minicpm5",
-        "minicpm5",
-        None,
-        "minicpm5",
-        stop_string_loses_call=(
-            "vLLM's streaming minicpm5 parser sends text as content while `<function` is not whole in the text "
-            "so far (it holds a partial tag back only once a whole `<function` has appeared), then looks for calls "
-            "only after what it sent; with the text held back behind the token ids, the tag's first part `<f` went "
-            "out as content, and the call is never found"
-        ),
-    ),
+    Row("minicpm5", "minicpm5", None, "minicpm5", stop_string_loses_call=MINICPM5_LOSES_CALL),
     # MiniMax M2 always thinks, in a block its template opens (the parser gives it back as content).
     Row("minimax_m2", "minimax_m2", "minimax_m2_append_think", "minimax_m2_opened", thinking_switch=False),
 ]

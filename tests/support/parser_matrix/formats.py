@@ -344,9 +344,7 @@ from tests.support.parser_matrix.formats_b import FORMATS_B  # noqa: E402 (needs
 FORMATS.update(FORMATS_B)
 
 from tests.support.parser_matrix.formats_c import FORMATS_C  # noqa: E402 (it builds on Format above)
+from tests.support.parser_matrix.formats_a import FORMATS_A  # noqa: E402 (Gemma 4, FunctionGemma, MiMo, MiniCPM5, MiniMax M2)
 
 FORMATS.update(FORMATS_C)
-
-from tests.support.parser_matrix.formats_a import FORMATS_A  # noqa: E402 (Gemma 4, FunctionGemma, MiMo, MiniCPM5, MiniMax M2 opened)
-
 FORMATS.update(FORMATS_A)

@@ -19,6 +19,14 @@ def _gemma_args(args: dict[str, Any], quote: str) -> str:
 
 GEMMA4_QUOTE = '<|"|>'  # Gemma 4's string delimiter, one special token
 
+# Why a stop string inside the call makes vLLM's minicpm5 stream lose it (families.Row.stop_string_loses_call).
+MINICPM5_LOSES_CALL = (
+    "vLLM's streaming minicpm5 parser sends text as content while `<function` is not whole in the text "
+    "so far (it holds a partial tag back only once a whole `<function` has appeared), then looks for calls "
+    "only after what it sent; with the text held back behind the token ids, the tag's first part `<f` went "
+    "out as content, and the call is never found"
+)
+
 
 FORMATS_A: dict[str, Format] = {
     # Gemma 4: the thought in a `thought` channel, each call `call:name{args}` in its own tool_call
