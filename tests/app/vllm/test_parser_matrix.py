@@ -6,9 +6,10 @@ engine outputs, so the comparison is exact: each batch message, each streamed de
 family's tokenizer and scripts in the family's own format, at --stream-interval 1 with n=1; then our
 stream, merged by a client's stream_interval (2, 3, 7; 4 with n=2) and with and without a stop
 string that never matches, must fold to that unmerged stream's message (vLLM's own parsers do not
-all give it on merged steps: docs/vllm-differences.md#derender-merged-steps). Every other
-registered parser that constructs on the demo vocabulary runs a generic sweep; every one that does
-not is listed with the error it gives, which is asserted."""
+all give it on merged steps: docs/vllm-differences.md#derender-merged-steps). Every registered
+parser is in a family row, and a name neither in a row nor listed with its reason fails the
+completeness check; a parser that refuses a vocabulary without its family's tokens says so at
+start-up, which is asserted."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.support.inprocess import serve_args
 from decode_server.process.cli import server_config
 from decode_server.process.parser_check import parser_refusal
 from tests.support.parser_matrix import families as fm
-from tests.support.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY, SWEEP, registered, stale, sweep_cases, unplaced
+from tests.support.parser_matrix.coverage import LISTED, REFUSED_ON_THE_DEMO_VOCABULARY, registered, stale, unplaced
 from tests.support.parser_matrix.harness import Pair, Side, pair
 from tests.support.parser_matrix.models import family_model
 from tests.support.parser_matrix.mistral_mode import script_of
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture(scope="module", autouse=True)
 def parsers_doc():
     yield
-    report.write_if_asked(fm.ALL_ROWS, fm.OPEN, SWEEP, LISTED)
+    report.write_if_asked(fm.ALL_ROWS, fm.OPEN, LISTED)
 
 
 @pytest.fixture(scope="session")
@@ -210,19 +211,9 @@ async def test_family_row_matches_vllms_chat(family_dir, row: fm.Row, interval: 
     report.passed(row.id, "any-chunking")
 
 
-@pytest.mark.parametrize("config", SWEEP, ids=lambda c: f"{c[0] or '-'}+{c[1] or '-'}")
-async def test_sweep_parser_matches_vllms_chat(family_dir, config):
-    tool, reasoning = config
-    async with pair(family_dir("qwen3"), *fm.flags(tool, reasoning)) as p:
-        for case in sweep_cases(tool is not None):
-            await _run(p, f"demo:{tool or '-'}+{reasoning or '-'}", case, 1, 1)
-        report.composed(f"demo:{tool or '-'}+{reasoning or '-'}", p.vllm.app.state.openai_serving_chat.parser_cls)
-    report.passed(f"demo:{tool or '-'}+{reasoning or '-'}", "sweep")
-
-
 def test_every_registered_parser_is_in_the_matrix_or_listed_with_its_reason():
     tools, reasonings = registered()
-    assert not unplaced(tools, reasonings), f"vLLM {fm.LINE} registers parsers in no row, not swept, not listed: {unplaced(tools, reasonings)}"
+    assert not unplaced(tools, reasonings), f"vLLM {fm.LINE} registers parsers in no row and not listed: {unplaced(tools, reasonings)}"
     assert not stale(tools, reasonings, fm.LINE), f"placed but not registered on vLLM {fm.LINE}: {stale(tools, reasonings, fm.LINE)}"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.chat_cases import without_ids
-from tests.support.parser_matrix.coverage import NEW_IN_033, REFUSED_ON_THE_DEMO_VOCABULARY, SWEPT
+from tests.support.parser_matrix.coverage import NEW_IN_033, REFUSED_ON_THE_DEMO_VOCABULARY
 from tests.support.parser_matrix.families import ALL_ROWS, LINE, OPEN
 from tests.support.parser_matrix.verdicts import finish_verdict, verdict
 
@@ -122,7 +122,7 @@ def _agreement_cell(row: str) -> str:
     return "≠ in " + ", ".join(f"`{c}`" for c in cases) + " (vLLM's own too; judged below)"
 
 
-def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | None, str | None]], listed: dict[tuple[str, str], str]) -> str:
+def render(rows: list[Any], open_rows: dict[Any, str], listed: dict[tuple[str, str], str]) -> str:
     out = [
         "# Parsers: derender against vLLM's coupled chat",
         "",
@@ -170,31 +170,11 @@ def render(rows: list[Any], open_rows: dict[Any, str], sweep: list[tuple[str | N
         )
     out += ["", *forced_table()]
     out += ["", *names_table(*_both_lines())]
-    out += [
-        "",
-        "## Generic sweep (demo vocabulary, generic text: parity only, not the family's format)",
-        "",
-        "Each registered parser no family row runs, paired tool with reasoning: vLLM's composed parser",
-        "constructs on the demo tokenizer, and one script of generic text (`<think>` reasoning, content,",
-        "a hermes call, a bare JSON call) gets the same answers from both servers.",
-        "",
-        "The **parity** column is the family table's stream, chunks and batch together; **stream = batch**",
-        "is not judged here where vLLM's own disagree: on text in another format neither answer is what",
-        "the family's model would get. Such a parser is proven for parity only; a family row proves the rest.",
-        "",
-        "| tool parser | reasoning parser | vLLM's parser class | parity | stream = batch |",
-        "|---|---|---|---|---|",
-    ]
-    for tool, reasoning in sweep:
-        row = "demo:" + (tool or "-") + "+" + (reasoning or "-")
-        agreement = "✓" if not any(r == row for r, _ in RECORDED) else "— (vLLM's own disagree on the generic text)"
-        agreement = agreement if "sweep" in PASSED.get(row, ()) else "not run"
-        out.append(f"| {tool or '—'} | {reasoning or '—'} | {COMPOSED.get(row, 'not run')} | {_cell(row, 'sweep')} | {agreement} |")
     out += ["", "## Not constructible on the demo vocabulary (the error is asserted)", "", "| kind | parser | vLLM says |", "|---|---|---|"]
     for (kind, name), reason in sorted(listed.items()):
         out.append(f"| {kind} | {name} | {reason} |")
     if not listed:
-        out[-2:] = ["None: every registered parser constructs on a family's vocabulary (a family row) or on the demo's (the sweep)."]
+        out[-2:] = ["None: every registered parser constructs on its family's vocabulary (a family row)."]
     out += [
         "",
         "## Refused at start-up on the demo vocabulary (asserted on each line that registers the name)",
@@ -271,8 +251,6 @@ def names_table(tools: list[str], reasonings: list[str]) -> list[str]:
                 status = "judged" + ("; refused at start-up on the demo vocabulary" if (kind, name) in REFUSED_ON_THE_DEMO_VOCABULARY else "")
             elif any((r.tool_parser if kind == "tool" else r.reasoning_parser) == name for r in OPEN):
                 status = "open: its row does not pass yet (see Open below)"
-            elif name in SWEPT[kind]:
-                status = "generic sweep only: parity, " + NOT_JUDGED_SWEEP
             else:
                 status = REFUSED_ON_THE_DEMO_VOCABULARY.get((kind, name), "in no row (the completeness test fails)")
             out.append(f"| {kind} | {name} | {lines} | {', '.join(f'`{h}`' for h in homes) or '—'} | {status} |")
@@ -312,9 +290,6 @@ def forced_table() -> list[str]:
     ]
 
 
-NOT_JUDGED_SWEEP = "stream = batch not judged (issue 33: no family row yet)"
-
-
 def _family_cell(row: Any) -> str:
     return f"{row.family} (`{' '.join(row.serve_flags)}`)" if row.serve_flags else row.family
 
@@ -325,7 +300,7 @@ def _short(message: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in keep.items() if v}, ensure_ascii=False)
 
 
-def write_if_asked(rows: list[Any], open_rows: dict[Any, str], sweep: list[Any], listed: dict[Any, str]) -> None:
+def write_if_asked(rows: list[Any], open_rows: dict[Any, str], listed: dict[Any, str]) -> None:
     target = os.environ.get("PARSER_MATRIX_DOC")
     if target:
-        Path(target).write_text(render(rows, open_rows, sweep, listed), encoding="utf-8")
+        Path(target).write_text(render(rows, open_rows, listed), encoding="utf-8")
