@@ -323,7 +323,7 @@ def cases(row: Row) -> list[Case]:
             Case("content_around_calls", bare + f.preamble("Let me check.") + one + f.after_calls("Done."), tools),
             Case("call_cut_by_length", bare + one, {**tools, "max_tokens": f.cut_at}),
             Case("stop_string_inside_markup", think + one, {**tools, "stop": ["Altstadt"]}, differs=STOP_STRINGS, lost_call=row.stop_string_loses_call),
-            *_forced_choices(think, one, tools),
+            *_forced_choices(think, f.forced_prefix + one, tools),
             Case("tool_choice_none", bare + f.content("No tools needed."), {**tools, "tool_choice": "none"}),
         ]
         if row.thinking_switch:

@@ -31,6 +31,7 @@ class Format:
     calls_per_turn: int = 2
     cut_at: int = 9  # max_tokens of call_cut_by_length: the output ends inside the call's arguments
     opening: str = ""  # what an output without a thought of its own starts with (the family always frames one)
+    forced_prefix: str = ""  # before the calls where vLLM forces markup for required/named (its structural tag)
 
 
 def _think(text: str) -> str:
@@ -129,18 +130,6 @@ def _dsml(calls_tag: str, sep: str = "") -> Callable:
         f"<{mark}{calls_tag}>\n",
         f"</{mark}{calls_tag}>",
     )
-
-
-def _xtml(tag: str, text: str) -> str:
-    # Kimi K3's XTML: <|open|>, <|sep|> and <|close|> are special tokens around each channel.
-    return f"<|open|>{tag}<|sep|>{text}<|close|>{tag.split()[0]}<|sep|>"
-
-
-def _kimi_k3_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
-    def argument(k: str, v: Any) -> str:
-        return _xtml(f'argument key="{k}" type="{"string" if isinstance(v, str) else "number"}"', v if isinstance(v, str) else json.dumps(v))
-
-    return _xtml("tools", "".join(_xtml(f'call tool="{n}" index="{i + 1}"', "".join(argument(k, v) for k, v in a.items())) for i, (n, a) in enumerate(calls)))
 
 
 def _minimax_m3(n: str, a: dict[str, Any], i: int) -> str:
@@ -279,14 +268,6 @@ FORMATS: dict[str, Format] = {
     "deepseek_v32": Format(_think, _dsml("function_calls")),
     "deepseek_v4": Format(_think, _dsml("tool_calls")),
     "deepseek_v41": Format(_think, _dsml("calls", " ")),
-    # Kimi K3: reasoning, the reply and the calls each in their XTML channel; the reply precedes the calls.
-    "kimi_k3": Format(
-        lambda text: _xtml("think", text),
-        _kimi_k3_calls,
-        content=lambda text: _xtml("response", text),
-        preamble=lambda text: _xtml("response", text),
-        after_calls=lambda text: "",
-    ),
     # Phi-4-mini: one JSON list of the turn's calls after `functools`.
     "phi4_mini_json": Format(_think, _json_list("functools"), after_calls=lambda text: ""),
     # InternLM2: one call per turn, a JSON object in the plugin action.

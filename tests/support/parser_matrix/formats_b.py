@@ -59,7 +59,28 @@ def _a13b_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
     return "<tool_calls>" + json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False) + "</tool_calls>\n</answer>"
 
 
+def _xtml(tag: str, text: str) -> str:
+    # Kimi K3's XTML: <|open|>, <|sep|> and <|close|> are special tokens around each channel.
+    return f"<|open|>{tag}<|sep|>{text}<|close|>{tag.split()[0]}<|sep|>"
+
+
+def _kimi_k3_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    def argument(k: str, v: Any) -> str:
+        return _xtml(f'argument key="{k}" type="{"string" if isinstance(v, str) else "number"}"', v if isinstance(v, str) else json.dumps(v))
+
+    return _xtml("tools", "".join(_xtml(f'call tool="{n}" index="{i + 1}"', "".join(argument(k, v) for k, v in a.items())) for i, (n, a) in enumerate(calls)))
+
+
 FORMATS_B: dict[str, Format] = {
+    # Kimi K3: reasoning, the reply and the calls each in their XTML channel; the reply precedes the calls.
+    "kimi_k3": Format(
+        lambda text: _xtml("think", text),
+        _kimi_k3_calls,
+        content=lambda text: _xtml("response", text),
+        preamble=lambda text: _xtml("response", text),
+        after_calls=lambda text: "",
+        forced_prefix=_xtml("response", ""),  # K3's structural tag: a reply channel, then the calls
+    ),
     # Inkling: a thinking block, then text blocks and tool blocks in any order (text may follow calls).
     "inkling": Format(
         lambda text: f"<|content_thinking|>{text}<|end_message|>{INKLING_NEXT}",
