@@ -66,9 +66,8 @@ class RequestRecord:
         if new > 0:
             now = time.monotonic()
             gap, samples = ((now - self._itl_last) / new, new) if self._itl_seen else (0.0, new - 1)
-            observe = self._observe_itl
             for _ in range(samples):
-                observe(gap)
+                self._observe_itl(gap)
             self._itl_seen, self._itl_last = tokens, now
 
     def __enter__(self) -> RequestRecord:
