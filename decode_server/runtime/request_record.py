@@ -13,8 +13,11 @@ from types import TracebackType
 
 from decode_server.errors import describe
 from decode_server.runtime.access_log import log_request
-from decode_server.runtime.metrics import Metrics
+from decode_server.runtime.metrics import HistogramTally, Metrics
 from decode_server.runtime.tracing import RequestSpan
+
+# How stale a long stream's inter-token samples may be on /metrics (scrapes are 15-30 s apart).
+ITL_FLUSH_S = 1.0
 
 
 @dataclass(slots=True)
@@ -42,8 +45,10 @@ class RequestRecord:
         self.request_id: str | None = None
         self.output_mode = "unknown"
         self._stats: RequestStats | None = None  # set once admitted: in flight until the end
+        self._itl: HistogramTally | None = None
         self._itl_seen = 0
         self._itl_last = 0.0
+        self._itl_flushed_at = 0.0
 
     def named(self, request_id: str, output_mode: str) -> None:
         """The request is decoded: what the access line and the metric labels call it."""
@@ -52,8 +57,9 @@ class RequestRecord:
     def in_flight(self, stats: RequestStats) -> None:
         """The request is valid and its engine generator exists: it is in flight until the end."""
         self._stats = stats
-        # Looked up once: a stream observes the inter-token histogram at every write.
-        self._observe_itl = self.metrics.itl.labels(self.output_mode).observe
+        # A stream samples the inter-token histogram at every write: into a tally, added to the
+        # histogram at least once a second (ITL_FLUSH_S) and when the request ends.
+        self._itl = HistogramTally(self.metrics.itl.labels(self.output_mode))
         self.metrics.in_flight.labels(self.output_mode).inc()
         self.metrics.server_load += 1
 
@@ -66,9 +72,12 @@ class RequestRecord:
         if new > 0:
             now = time.monotonic()
             gap, samples = ((now - self._itl_last) / new, new) if self._itl_seen else (0.0, new - 1)
-            for _ in range(samples):
-                self._observe_itl(gap)
+            if samples:
+                self._itl.observe(gap, samples)
             self._itl_seen, self._itl_last = tokens, now
+            if now - self._itl_flushed_at >= ITL_FLUSH_S:
+                self._itl.flush()
+                self._itl_flushed_at = now
 
     def __enter__(self) -> RequestRecord:
         return self
@@ -95,6 +104,7 @@ class RequestRecord:
         stats = self._stats
         ttft_s = None if stats is None or stats.first_token_at is None else stats.first_token_at - self.started
         if stats is not None:
+            self._itl.flush()
             m.in_flight.labels(self.output_mode).dec()
             m.server_load -= 1
             if ttft_s is not None:
