@@ -1,7 +1,7 @@
 """`python -m bench.profile`: where each frontend's CPU goes, ours beside vLLM's own server (issue #30).
 
     python -m bench.profile [--length 512] [--concurrency 32] [--requests 64] [--rate 200]
-                            [--pairs tokens:tokens,text:text,derender:chat] [--out DIR]
+                            [--pairs tokens:tokens,text:text,derender:chat] [--batch] [--out DIR]
 
 Starts ours and vLLM's own server on the benchmark's engine configuration (bench.fleet), and per
 pair of levels runs the same load on each, ours first then vLLM's, while `py-spy record` (the
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--pairs", default="tokens:tokens,text:text,derender:chat", help="ours' level:vLLM's level, comma-separated")
+    p.add_argument("--batch", action="store_true", help="`stream: false` requests (generate levels only: tokens, text)")
     p.add_argument("--out", type=Path, default=systems.repo_root() / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-profile")
     a = p.parse_args(argv)
     if not py_spy():
@@ -148,12 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     wl = Workload.build(AutoTokenizer.from_pretrained(model_dir), [a.length], a.length)
-    runs = [Scenario(system, level, a.length, a.concurrency, a.requests) for pair in pairs for system, level in zip(("ours", "vllm"), pair)]
+    runs = [
+        Scenario(system, level, a.length, a.concurrency, a.requests, a.batch)
+        for pair in pairs
+        for system, level in zip(("ours", "vllm"), pair)
+    ]
     fleet = Fleet(tmp, model_dir, "auto", wl, ["ours", "vllm"], log)
     sections = [
         "# Frontend profiles: ours beside vLLM's own server",
         "",
-        f"`python -m bench.profile {' '.join(argv if argv is not None else sys.argv[1:])}`: {a.concurrency} concurrent streams, "
+        f"`python -m bench.profile {' '.join(argv if argv is not None else sys.argv[1:])}`: {a.concurrency} concurrent {'batch requests' if a.batch else 'streams'}, "
         f"{a.requests} requests of {a.length} tokens per run, py-spy at {a.rate} Hz on the API-server process only.",
         "Per run: the samples by where their own (self) time was spent, then the share under each stage's frame, then the top functions.",
     ]
