@@ -1,7 +1,8 @@
 """What the SSE response path costs per event, without an engine: ours against a bare ASGI loop.
 
 Each variant is a uvicorn process configured as `decode-server serve` runs uvicorn (uvloop,
-httptools) serving K concurrent streams of N pre-encoded tokens-level frames. A ticker releases
+httptools) serving K concurrent streams of N tokens-level frames (bare's encoded once, the others encoded per
+event, as the server's pipeline does). A ticker releases
 one frame per stream per tick, as the engine's output handler wakes every request once per step;
 the server's CPU time (user + system, psutil) divided by the frames sent is the cost per event.
 
@@ -9,6 +10,9 @@ the server's CPU time (user + system, psutil) divided by the frames sent is the 
   (sse-starlette's EventSourceResponse, our framing and stalled-reader cut);
 - `sse-send-timeout`: the same app, but the stalled-reader bound left to sse-starlette's own
   `send_timeout` (an anyio cancel scope and a timer around every event: what we did before);
+- `sse-only`: our SSE response (`decode_server.http.sse`) called as the ASGI app itself, without
+  Starlette's app and middleware stack around it: ours − sse-only is what Starlette's per-send
+  wrappers cost, sse-only − bare what sse-starlette's loop, our framing and stall watch cost;
 - `bare`: a raw ASGI callable uvicorn calls directly: start, one `send` per frame, end.
 
 The variants run interleaved (A, B, A, B …) and the report gives median and [min–max]:
@@ -35,7 +39,7 @@ import psutil
 
 from bench.loadgen import require_loopback
 
-VARIANTS = ("ours", "sse-send-timeout", "bare")
+VARIANTS = ("ours", "sse-send-timeout", "sse-only", "bare")
 # A tokens-level stream chunk as our server writes it (one token, no logprobs).
 CHUNK = {
     "id": "generate-tokens-bench",
@@ -93,6 +97,28 @@ def bare_app(frames: int, period_s: float) -> Any:
     return app
 
 
+def sse_only_app(frames: int, period_s: float) -> Any:
+    from decode_server.config import ServerConfig
+    from decode_server.http.sse import sse_response
+
+    state: dict[str, Any] = {}
+    stall_limit_s = ServerConfig(("demo",)).stream_send_timeout_s
+
+    async def chunks() -> Any:
+        ticker = _ticker(state, period_s)
+        for _ in range(frames - 1):
+            await ticker.next()
+            yield CHUNK
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await _ticker(state, period_s).next()
+        await sse_response(CHUNK, chunks(), stall_limit_s=stall_limit_s)(scope, receive, send)
+
+    return app
+
+
 def ours_app(frames: int, period_s: float, sse_send_timeout: bool = False) -> Any:
     from starlette.applications import Starlette
     from starlette.routing import Route
@@ -126,6 +152,8 @@ def serve(variant: str, port: int, frames: int, period_s: float) -> None:
 
     if variant == "bare":
         app = bare_app(frames, period_s)
+    elif variant == "sse-only":
+        app = sse_only_app(frames, period_s)
     else:
         app = ours_app(frames, period_s, sse_send_timeout=variant == "sse-send-timeout")
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning", access_log=False)
@@ -229,7 +257,8 @@ def _provenance(load_before: float) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return (f"Measured {when} at commit {commit or '?'}{' (+ uncommitted changes)' if dirty.strip() else ''}; "
+    return (f"`python -m bench.sse_cost {' '.join(sys.argv[1:])}`, measured {when} at commit {commit or '?'}"
+            f"{' (+ uncommitted changes)' if dirty.strip() else ''}; "
             f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after.")
 
 
