@@ -88,7 +88,7 @@ class Metrics:
         self.itl = labelled(
             Histogram,
             "decode_server_inter_token_latency_seconds",
-            "Gap between chunks of one stream divided by the chunk's tokens (one sample per chunk)",
+            "Gap between a stream's writes divided by the write's tokens (one sample per token after the first)",
             ["output_mode"],
             buckets=_LATENCY_BUCKETS,
         )
