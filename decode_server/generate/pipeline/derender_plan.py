@@ -7,7 +7,6 @@ request's `parse_context` (vLLM 0.33's wire) or `chat_request` (the RFC's) into 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
