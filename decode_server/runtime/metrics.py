@@ -39,8 +39,8 @@ class HistogramTally:
     (`flush`). prometheus_client's `observe` takes two locks per sample (the sum and the bucket);
     per streamed token that was ~4 % of a tokens stream's frontend CPU (bench/profile.py). The
     child's buckets are its own value objects, so a flushed tally is what the same samples
-    observed one by one would show, with multiprocess files too (tests/app/runtime/test_metrics.py
-    holds prometheus_client to that)."""
+    observed one by one would show, with multiprocess files too (tests/app/runtime/
+    test_histogram_tally.py holds prometheus_client to that)."""
 
     __slots__ = ("_child", "_bounds", "_counts", "_sum")
 

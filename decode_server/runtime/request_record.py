@@ -16,7 +16,7 @@ from decode_server.runtime.access_log import log_request
 from decode_server.runtime.metrics import HistogramTally, Metrics
 from decode_server.runtime.tracing import RequestSpan
 
-# How stale a long stream's inter-token samples may be on /metrics (scrapes are 15-30 s apart).
+# How long a stream's inter-token samples may wait for /metrics while it writes (scrapes are 15-30 s apart).
 ITL_FLUSH_S = 1.0
 
 
@@ -58,7 +58,7 @@ class RequestRecord:
         """The request is valid and its engine generator exists: it is in flight until the end."""
         self._stats = stats
         # A stream samples the inter-token histogram at every write: into a tally, added to the
-        # histogram at least once a second (ITL_FLUSH_S) and when the request ends.
+        # histogram at the first write a second (ITL_FLUSH_S) after the last, and when the request ends.
         self._itl = HistogramTally(self.metrics.itl.labels(self.output_mode))
         self.metrics.in_flight.labels(self.output_mode).inc()
         self.metrics.server_load += 1
