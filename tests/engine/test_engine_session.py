@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from decode_server.process.engine_session import PARENT_DEATH_SIGNAL, engine_session
+from tests.support.processes import wait_ended
 
 PR_GET_PDEATHSIG = 2
 
@@ -120,6 +121,6 @@ def test_a_signal_to_the_parents_group_misses_the_child_and_a_sigkill_of_the_par
     parent.kill()
     parent.wait(10)
     started = time.monotonic()
-    gone, alive = psutil.wait_procs([child], timeout=10)
+    alive = wait_ended([child], 10)
     assert not alive, f"the child outlived its parent: {child}"
     print(f"{method}: the child ended {time.monotonic() - started:.2f} s after its parent's SIGKILL")

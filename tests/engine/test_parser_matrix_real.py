@@ -38,7 +38,7 @@ from tests.support import chat_cases as cc
 from tests.support.parser_matrix.harness import pair
 from tests.support import parser_class_servers as pcs
 from tests.support.parser_class_servers import Run
-from tests.support.processes import detached_engine_cores, engine_cores
+from tests.support.processes import detached_engine_cores, engine_cores, wait_ended
 from tests.support.stream_reader import INDEX, StreamReader, connection_to
 from tests.support import GENERATE, finish_reason, scripted
 
@@ -106,7 +106,7 @@ def test_its_end_a_sigkill_of_the_server_leaves_no_engine_process(parser_class_s
         killed_server.proc.kill()  # the server's pid only: its group is not signalled
         killed_server.proc.wait(10)
         started = time.monotonic()
-        _, alive = psutil.wait_procs(cores, timeout=30)
+        alive = wait_ended(cores, 30)
     finally:
         for core in cores:
             if core.is_running():
@@ -139,7 +139,7 @@ def test_its_end_with_two_api_processes_the_engine_cores_death_ends_every_proces
                 s.join(60)
             code = server.proc.wait(60)
             elapsed = time.monotonic() - killed
-            _, alive = psutil.wait_procs(children, timeout=30)
+            alive = wait_ended(children, 30)
     finally:
         server.stop()
     for i, s in streams.items():

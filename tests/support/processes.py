@@ -13,6 +13,29 @@ import psutil
 from tests.support.servers import Server
 
 
+def wait_ended(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Waits until every process has exited; returns those still running after `timeout_s`.
+
+    A process whose parent dies first is handed to a reaper (PID 1, or a subreaper), and until
+    that reaps it, it is a zombie: exited (no code runs, its memory and sockets are freed) but still
+    in the process table, which `psutil.wait_procs` counts as alive for a process that is not its
+    caller's child. This machine's PID 1 reaps late: an engine core that ended within a second of
+    its server's SIGKILL was still a zombie 30 s later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [p for p in procs if _running(p)]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.1)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def engine_cores(server: Server) -> list[psutil.Process]:
     children = psutil.Process(server.proc.pid).children(recursive=True)
     cores = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
@@ -52,5 +75,5 @@ def sigterm_and_wait(server: Server, readers: list[threading.Thread]) -> tuple[i
         reader.join(120)
     code = server.proc.wait(120)
     elapsed = time.monotonic() - started
-    _, alive = psutil.wait_procs(children, timeout=30)
+    alive = wait_ended(children, 30)
     return code, elapsed, alive

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.processes import engine_cores
+from tests.support.processes import engine_cores, wait_ended
 from tests.support.stream_reader import StreamReader
 from tests.support import post, scripted
 
@@ -45,7 +45,7 @@ def test_a_real_engine_core_killed_mid_stream(server):
     health = httpx.get(server.url + "/health", timeout=10)
     new = post(server.url, {"token_ids": PROMPT})
     code = server.proc.wait(120)
-    _, alive = psutil.wait_procs(children, timeout=30)
+    alive = wait_ended(children, 30)
     print(f"engine core killed → error event after {error_at - killed_at:.1f} s")
     *tokens, error, _ = stream.payloads()
     assert len(tokens) >= 3

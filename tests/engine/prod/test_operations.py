@@ -28,7 +28,7 @@ from protocol.clients.generate import AsyncClient, Client
 from protocol.errors import GenerateError
 from tests.support.inprocess import body_for
 from tests.support.observability_queries import Query, dashboard_queries, load_dashboard, selectors
-from tests.support.processes import detached_engine_cores
+from tests.support.processes import detached_engine_cores, wait_ended
 from tests.support.prod_server import DRAIN_STREAMS, DRAIN_WINDOW_S, KEYS, ORIGIN, QUEUE_LIMIT, auth
 from tests.support.prometheus_server import Prometheus
 from tests.support.stream_reader import StreamReader
@@ -271,7 +271,7 @@ def test_sigterm_to_the_process_group_drains_every_stream_then_exits_zero(prod_s
         held.join(30)
         code = prod_server.proc.wait(60)
         elapsed = time.monotonic() - started
-        _, alive = psutil.wait_procs([*everyone, *cores], timeout=30)
+        alive = wait_ended([*everyone, *cores], 30)
     finally:
         clients.close()
         prom.close()
