@@ -77,6 +77,14 @@ def _ticker(app_state: dict[str, Any], period_s: float) -> Ticker:
     return app_state["ticker"]
 
 
+async def _chunks(state: dict[str, Any], frames: int, period_s: float) -> Any:
+    """A stream's chunks after its first, one per tick."""
+    ticker = _ticker(state, period_s)
+    for _ in range(frames - 1):
+        await ticker.next()
+        yield CHUNK
+
+
 def bare_app(frames: int, period_s: float) -> Any:
     from decode_server.http.sse import DONE, frame
 
@@ -104,17 +112,11 @@ def sse_only_app(frames: int, period_s: float) -> Any:
     state: dict[str, Any] = {}
     stall_limit_s = ServerConfig(("demo",)).stream_send_timeout_s
 
-    async def chunks() -> Any:
-        ticker = _ticker(state, period_s)
-        for _ in range(frames - 1):
-            await ticker.next()
-            yield CHUNK
-
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         await _ticker(state, period_s).next()
-        await sse_response(CHUNK, chunks(), stall_limit_s=stall_limit_s)(scope, receive, send)
+        await sse_response(CHUNK, _chunks(state, frames, period_s), stall_limit_s=stall_limit_s)(scope, receive, send)
 
     return app
 
@@ -132,17 +134,11 @@ def ours_app(frames: int, period_s: float, sse_send_timeout: bool = False) -> An
     state: dict[str, Any] = {}
     config = ServerConfig(("demo",))
 
-    async def chunks() -> Any:
-        ticker = _ticker(state, period_s)
-        for _ in range(frames - 1):
-            await ticker.next()
-            yield CHUNK
-
     async def endpoint(request: Any) -> Any:
         await _ticker(state, period_s).next()
         if sse_send_timeout:
-            return EventSourceResponse(_framed(CHUNK, chunks()), sep="\n", ping=0, send_timeout=60)
-        return sse_response(CHUNK, chunks(), stall_limit_s=config.stream_send_timeout_s)
+            return EventSourceResponse(_framed(CHUNK, _chunks(state, frames, period_s)), sep="\n", ping=0, send_timeout=60)
+        return sse_response(CHUNK, _chunks(state, frames, period_s), stall_limit_s=config.stream_send_timeout_s)
 
     return Starlette(routes=[Route("/", endpoint, methods=["GET"])], middleware=_middleware(config, guarded=[]))
 
