@@ -6,13 +6,16 @@ event, as the server's pipeline does). A ticker releases
 one frame per stream per tick, as the engine's output handler wakes every request once per step;
 the server's CPU time (user + system, psutil) divided by the frames sent is the cost per event.
 
-- `ours`: the production path: a Starlette app with our middleware stack and `decode_server.http.sse`
-  (sse-starlette's EventSourceResponse, our framing and stalled-reader cut);
-- `sse-send-timeout`: the same app, but the stalled-reader bound left to sse-starlette's own
-  `send_timeout` (an anyio cancel scope and a timer around every event: what we did before);
+- `ours`: the production path: our app class with our middleware stack and `decode_server.http.sse`
+  (sse-starlette's EventSourceResponse around our per-event loop, our framing and stalled-reader
+  cut; the events sent below Starlette's per-send wrappers, as when no --middleware is given);
+- `sse-starlette-loop`: the same routes and middleware in a plain Starlette app, the events sent by
+  sse-starlette's own per-event loop (`EventSourceResponse` with its per-send timeout scope taken
+  out, a generator framing each chunk, no stall watch) through Starlette's per-send wrappers:
+  what ours did before 2026-12-07 (its own loop, events sent below the wrappers);
 - `sse-only`: our SSE response (`decode_server.http.sse`) called as the ASGI app itself, without
-  Starlette's app and middleware stack around it: ours − sse-only is what Starlette's per-send
-  wrappers cost, sse-only − bare what sse-starlette's loop, our framing and stall watch cost;
+  Starlette's app and middleware stack around it: ours − sse-only is what the app and its
+  middleware still cost, sse-only − bare what sse-starlette's response, our framing and stall watch cost;
 - `bare`: a raw ASGI callable uvicorn calls directly: start, one `send` per frame, end.
 
 The variants run interleaved (A, B, A, B …) and the report gives median and [min–max]:
@@ -39,7 +42,7 @@ import psutil
 
 from bench.loadgen import require_loopback
 
-VARIANTS = ("ours", "sse-send-timeout", "sse-only", "bare")
+VARIANTS = ("ours", "sse-starlette-loop", "sse-only", "bare")
 # A tokens-level stream chunk as our server writes it (one token, no logprobs).
 CHUNK = {
     "id": "generate-tokens-bench",
@@ -121,26 +124,39 @@ def sse_only_app(frames: int, period_s: float) -> Any:
     return app
 
 
-def ours_app(frames: int, period_s: float, sse_send_timeout: bool = False) -> Any:
+def ours_app(frames: int, period_s: float, sse_starlette_loop: bool = False) -> Any:
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from decode_server.http.app import _middleware
+    from decode_server.http.app import DecodeServerApp, _middleware
     from decode_server.config import ServerConfig
     from sse_starlette.sse import EventSourceResponse
 
-    from decode_server.http.sse import _framed, sse_response
+    from decode_server.http.sse import DONE, frame, sse_response
 
     state: dict[str, Any] = {}
     config = ServerConfig(("demo",))
 
+    class _PlainSends(EventSourceResponse):
+        async def _send_with_timeout(self, send: Any, message: Any) -> None:
+            await send(message)
+
+    async def _framed(rest: Any) -> Any:
+        yield frame(CHUNK)
+        async for chunk in rest:
+            yield frame(chunk)
+        yield DONE
+
     async def endpoint(request: Any) -> Any:
         await _ticker(state, period_s).next()
-        if sse_send_timeout:
-            return EventSourceResponse(_framed(CHUNK, _chunks(state, frames, period_s)), sep="\n", ping=0, send_timeout=60)
+        if sse_starlette_loop:
+            return _PlainSends(_framed(_chunks(state, frames, period_s)), sep="\n", ping=0)
         return sse_response(CHUNK, _chunks(state, frames, period_s), stall_limit_s=config.stream_send_timeout_s)
 
-    return Starlette(routes=[Route("/", endpoint, methods=["GET"])], middleware=_middleware(config, guarded=[]))
+    routes, middleware = [Route("/", endpoint, methods=["GET"])], _middleware(config, guarded=[])
+    if sse_starlette_loop:
+        return Starlette(routes=routes, middleware=middleware)
+    return DecodeServerApp(events_below_middleware=True, routes=routes, middleware=middleware)
 
 
 def serve(variant: str, port: int, frames: int, period_s: float) -> None:
@@ -151,7 +167,7 @@ def serve(variant: str, port: int, frames: int, period_s: float) -> None:
     elif variant == "sse-only":
         app = sse_only_app(frames, period_s)
     else:
-        app = ours_app(frames, period_s, sse_send_timeout=variant == "sse-send-timeout")
+        app = ours_app(frames, period_s, sse_starlette_loop=variant == "sse-starlette-loop")
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning", access_log=False)
 
 
@@ -210,16 +226,16 @@ def measure(proc: subprocess.Popen, url: str, streams: int) -> dict[str, float]:
     return {"events": events, "cpu_s": cpu, "wall_s": wall, "us_per_event": cpu / events * 1e6}
 
 
-def run(streams: int, frames: int, repeat: int, period_s: float) -> dict[str, list[dict[str, float]]]:
+def run(streams: int, frames: int, repeat: int, period_s: float, variants: tuple[str, ...] = VARIANTS) -> dict[str, list[dict[str, float]]]:
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
-    results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
-        for v in VARIANTS:
+        for v in variants:
             servers[v] = _start(v, frames, period_s)
         for v, (proc, url) in servers.items():
             _wait_listening(v, proc, url)
         for rep in range(repeat):
-            order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]  # A B C, C B A, …
+            order = variants if rep % 2 == 0 else variants[::-1]  # A B C, C B A, …
             for v in order:
                 results[v].append(measure(*servers[v], streams))
     finally:
@@ -242,7 +258,7 @@ def report(results: dict[str, list[dict[str, float]]], streams: int, frames: int
         med[v] = statistics.median(xs)
         lines.append(f"| {v} | {med[v]:.1f} [{min(xs):.1f}–{max(xs):.1f}] | {len(xs)} |")
     lines.append("")
-    for v in VARIANTS[1:]:
+    for v in list(results)[1:]:
         ratios = [o["us_per_event"] / b["us_per_event"] for o, b in zip(results["ours"], results[v])]
         lines.append(f"- ours ÷ {v} per repetition: median {statistics.median(ratios):.2f} "
                      f"[{min(ratios):.2f}–{max(ratios):.2f}]; ours − {v}: {med['ours'] - med[v]:+.1f} µs/event")
@@ -264,6 +280,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--period", type=float, default=0.002, help="seconds between ticks (one frame per stream)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="which to run, ours first (comma-separated)")
     p.add_argument("--out", help="write results.json and results.md here")
     p.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -272,7 +289,10 @@ def main() -> None:
         serve(a.serve, a.port, a.frames, a.period)
         return
     load_before = os.getloadavg()[0]
-    results = run(a.streams, a.frames, a.repeat, a.period)
+    variants = tuple(a.variants.split(","))
+    if variants[0] != "ours" or not set(variants) <= set(VARIANTS):
+        p.error(f"--variants: ours first, then any of {', '.join(VARIANTS[1:])}")
+    results = run(a.streams, a.frames, a.repeat, a.period, variants)
     text = f"{_provenance(load_before)}\n\n{report(results, a.streams, a.frames)}"
     print(text)
     if a.out:

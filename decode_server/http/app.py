@@ -6,15 +6,18 @@ import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from decode_server.http import routes
 from decode_server.http.auth import ApiKeyMiddleware
+from decode_server.http.sse import BODY_SEND
 from decode_server.config import ServerConfig
 from decode_server.runtime.engine import Engine
 from decode_server.errors import ServerError
@@ -75,6 +78,20 @@ def _middleware(config: ServerConfig, guarded: list[Route]) -> list[Middleware]:
     return stack
 
 
+class DecodeServerApp(Starlette):
+    """Starlette, and a stream's events sent below its per-message wrappers (http/sse.py: BODY_SEND)
+    unless an operator's middleware (--middleware) is in the stack and may read them."""
+
+    def __init__(self, *, events_below_middleware: bool, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._events_below_middleware = events_below_middleware
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._events_below_middleware and scope["type"] == "http":
+            scope[BODY_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 def build_app(
     engine_factory: Callable[[], Engine], config: ServerConfig, lifecycle: routes.Lifecycle, peers: Peers | None = None
 ) -> Starlette:
@@ -106,7 +123,8 @@ def build_app(
             engine.shutdown()
 
     guarded, open_ = _routes(config)
-    app = Starlette(
+    app = DecodeServerApp(
+        events_below_middleware=not config.middleware,
         routes=guarded + open_,
         lifespan=lifespan,
         middleware=_middleware(config, guarded),

@@ -1,9 +1,13 @@
 """SSE through sse-starlette: the stream's events (framed bytes, or chunks framed here), an error event, then `[DONE]`.
 
-The per-event path is kept to one ASGI send: sse-starlette's own send timeout opens an anyio cancel
-scope (and schedules a timer) around every event, which cost more than the rest of the frame
-(`python -m bench.sse_cost`); a stalled reader is caught instead by one watch per stream that looks
-at the send in progress a few times per limit.
+sse-starlette's `EventSourceResponse` runs the response: its task group, the disconnect listener
+that cancels the stream, keep-alive comments, the end at shutdown. Its per-event loop is ours
+(`_Stream._stream_response`): one ASGI send per event and nothing else on that path. sse-starlette's
+loop re-encodes each event (`ensure_bytes`), logs it at debug, and its send timeout opens an anyio
+cancel scope with a timer around every send; with the generator that framed errors that was
+~7 µs of the ~28 each event cost at the engine's cadence (`python -m bench.sse_cost`). A stalled
+reader is caught instead by one watch per stream that looks at the send in progress a few times
+per limit.
 """
 
 from __future__ import annotations
@@ -22,10 +26,16 @@ from protocol.errors import error_body
 
 log = logging.getLogger("decode_server.http.sse")
 
-__all__ = ["DONE", "frame", "sse_response"]
+__all__ = ["BODY_SEND", "DONE", "frame", "sse_response"]
+# The server's own ASGI send, put into the scope by the app (http/app.py) where no operator
+# middleware wraps send: Starlette's wrappers (its error and exception middleware, CORS) act on a
+# response's start only, so a stream's events skip their four calls each.
+BODY_SEND = "decode_server.body_send"
 # A send that is still the same pending send at this many consecutive looks is a stalled reader:
 # the cut comes between the limit and 1.25 × the limit.
 _LOOKS_PER_LIMIT = 4
+# How long closing the events' iterator may take after the stream was cut short (sse-starlette's default).
+_CLOSE_LIMIT_S = EventSourceResponse.DEFAULT_CLEANUP_TIMEOUT
 
 
 def _bytes(chunk: Any) -> bytes:
@@ -34,17 +44,10 @@ def _bytes(chunk: Any) -> bytes:
     return chunk if type(chunk) is bytes else frame(chunk)
 
 
-async def _framed(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    try:
-        if first is not None:
-            yield _bytes(first)
-        async for chunk in rest:
-            yield _bytes(chunk)
-    except Exception as e:  # an error after the 200 went out can only travel as an event
-        error = describe(e)
-        log.warning("stream ended with an error event (%d): %s", error.status, error.message)
-        yield frame(error_body(error.status, error.message, error.param, error.error_type))
-    yield DONE
+def _error_event(e: Exception) -> bytes:
+    error = describe(e)
+    log.warning("stream ended with an error event (%d): %s", error.status, error.message)
+    return frame(error_body(error.status, error.message, error.param, error.error_type))
 
 
 def sse_response(
@@ -59,7 +62,8 @@ def sse_response(
     # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
     # whose comment is `: keep-alive`).
     return _Stream(
-        _framed(first, rest),
+        first,
+        rest,
         stall_limit_s,
         sep="\n",
         headers=headers,
@@ -69,23 +73,63 @@ def sse_response(
 
 
 class _Stream(EventSourceResponse):
-    """A client that reads nothing for `stall_limit_s` (DECODE_SERVER_STREAM_SEND_TIMEOUT_S; every
-    buffer full, one send pending all along) is cut: the chunks are closed (the engine request is
-    aborted, the access line says 499), uvicorn drops the socket. 0: never cut."""
+    """`first` (None: nothing) and `rest`'s events, then an error event if `rest` raised, then
+    `[DONE]`. A client that reads nothing for `stall_limit_s` (DECODE_SERVER_STREAM_SEND_TIMEOUT_S;
+    every buffer full, one send pending all along) is cut: the events' iterator is closed (the
+    engine request is aborted, the access line says 499), uvicorn drops the socket. 0: never cut."""
 
-    def __init__(self, content: AsyncIterator[bytes], stall_limit_s: float, **kwargs: Any):
-        super().__init__(content, **kwargs)
+    def __init__(self, first: Any, rest: AsyncIterator[Any], stall_limit_s: float, **kwargs: Any):
+        super().__init__(rest, **kwargs)
+        self.first = first
         self.stall_limit_s = stall_limit_s
         self._sending = False
         self._sent = 0
+        self._body_send: Any = None
+
+    async def _stream_response(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._response_started = True
+        send = self._body_send or send
+        rest = self.body_iterator
+        try:
+            if self.first is not None:
+                await self._send_event(send, _bytes(self.first))
+            try:
+                async for chunk in rest:
+                    # inlined _send_event: this is the per-token path
+                    self._sending = True
+                    await send({"type": "http.response.body", "body": _bytes(chunk), "more_body": True})
+                    self._sending = False
+                    self._sent += 1
+            except Exception as e:  # an error after the 200 went out can only travel as an event
+                if self._sending:  # the send failed, not the stream
+                    raise
+                await self._send_event(send, _error_event(e))
+        except BaseException:
+            self._send_interrupted = self._sending
+            await _close(rest)
+            raise
+        async with self._send_lock:  # a keep-alive comment is not sent into the end of the stream
+            await self._send_event(send, DONE, more_body=False)
+            self._response_complete = True
+            self.active = False
+
+    async def _send_event(self, send: Any, body: bytes, more_body: bool = True) -> None:
+        self._sending = True
+        await send({"type": "http.response.body", "body": body, "more_body": more_body})
+        self._sending = False
+        self._sent += 1
 
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
+        # sse-starlette's other sends (keep-alive comments, the end after the exit signal) are
+        # watched as events are.
         self._sending = True
         await send(message)
         self._sending = False
         self._sent += 1
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self._body_send = scope.get(BODY_SEND)
         if not self.stall_limit_s:
             await super().__call__(scope, receive, send)
             return
@@ -108,6 +152,22 @@ class _Stream(EventSourceResponse):
             if stalled_looks >= _LOOKS_PER_LIMIT:
                 cut.cancel()
                 return
+
+
+async def _close(events: AsyncIterator[Any]) -> None:
+    """A stream cut short (disconnect, stall cut, a failed send) closes its events, so their
+    cleanup (the engine request's abort) runs before the response ends; shielded, because the
+    cut is a cancellation."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.move_on_after(_CLOSE_LIMIT_S, shield=True) as scope:
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing a stream's events failed")
+    if scope.cancel_called:
+        log.warning("closing a stream's events took over %.0f s; left", _CLOSE_LIMIT_S)
 
 
 def _keep_alive() -> ServerSentEvent:

@@ -101,3 +101,20 @@ async def tag_response(request: Any, call_next: Any) -> Any:
     response = await call_next(request)
     response.headers["x-operator-middleware"] = "seen"
     return response
+
+
+class RecordBodies:
+    """An operator's `--middleware` (class form) that reads every body message of every answer."""
+
+    seen: list[bytes] = []
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def recording(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                RecordBodies.seen.append(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, receive, recording if scope["type"] == "http" else send)

@@ -198,5 +198,6 @@ def test_a_stream_that_keeps_sending_is_never_cut_by_the_stall_watch():
     sent, closed = _sse_messages(0.05, [{"n": i} for i in range(3)], send_blocks_after=None)
     bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
     assert bodies[:3] == [b'data: {"n":0}\n\n', b'data: {"n":1}\n\n', b'data: {"n":2}\n\n']
-    assert bodies[3:] == [b"data: [DONE]\n\n", b""]
+    assert bodies[3:] == [b"data: [DONE]\n\n"], "[DONE] ends the body: one send, the same bytes on the wire"
+    assert [m["more_body"] for m in sent[1:]] == [True, True, True, False]
     assert closed

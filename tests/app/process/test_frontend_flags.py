@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import httpx
@@ -90,6 +91,29 @@ async def test_the_operators_middleware_wraps_every_answer_and_the_role_names_de
             assert stream.headers["x-operator-middleware"] == "seen"
             first = [line async for line in stream.aiter_lines() if line.startswith("data: {")][0]
         assert '"delta":{"role":"narrator","content":""}' in first.replace(" ", "")
+
+
+async def test_an_operators_middleware_reads_every_event_of_a_stream_and_without_one_cors_still_marks_it(demo_model):
+    from tests.support import RecordBodies
+
+    RecordBodies.seen.clear()
+    stream_body = {**body("text", request_id="recorded"), "stream": True}
+    async with serve(demo_model, "--middleware", "tests.support.RecordBodies") as s:
+        async with s.client.stream("POST", GENERATE, json=stream_body) as r:
+            raw = b"".join([chunk async for chunk in r.aiter_raw()])
+    assert raw.endswith(b"data: [DONE]\n\n") and raw.count(b"data: {") == len(SCRIPT) + 1
+    assert b"".join(RecordBodies.seen) == raw, "the operator's middleware saw each event the client got"
+    # Without an operator's middleware a stream's events skip Starlette's per-send wrappers
+    # (http/sse.py: BODY_SEND); CORS still marks the response's start.
+    async with serve(demo_model, "--allowed-origins", f'["{ORIGIN}"]') as s:
+        async with s.client.stream("POST", GENERATE, json=stream_body, headers={"Origin": ORIGIN}) as r:
+            assert r.headers["access-control-allow-origin"] == ORIGIN
+            unwrapped = b"".join([chunk async for chunk in r.aiter_raw()])
+    assert _without_created(unwrapped) == _without_created(raw)
+
+
+def _without_created(sse: bytes) -> bytes:
+    return re.sub(rb'"created":\d+', b"", sse)
 
 
 # ------------------------------------------------------------------ usage and logprob forms
