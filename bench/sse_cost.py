@@ -12,7 +12,7 @@ the server's CPU time (user + system, psutil) divided by the frames sent is the 
 - `sse-starlette-loop`: the same routes and middleware in a plain Starlette app, the events sent by
   sse-starlette's own per-event loop (`EventSourceResponse` with its per-send timeout scope taken
   out, a generator framing each chunk, no stall watch) through Starlette's per-send wrappers:
-  what ours did before 2026-12-07 (its own loop, events sent below the wrappers);
+  what ours did before 55f78ee gave it its own loop and sent its events below those wrappers;
 - `sse-only`: our SSE response (`decode_server.http.sse`) called as the ASGI app itself, without
   Starlette's app and middleware stack around it: ours − sse-only is what the app and its
   middleware still cost, sse-only − bare what sse-starlette's response, our framing and stall watch cost;
@@ -81,11 +81,13 @@ def _ticker(app_state: dict[str, Any], period_s: float) -> Ticker:
 
 
 async def _chunks(state: dict[str, Any], frames: int, period_s: float) -> Any:
-    """A stream's chunks after its first, one per tick."""
+    """A stream's events after its first, one per tick, each encoded as the server's pipeline does."""
+    from decode_server.http.sse import frame
+
     ticker = _ticker(state, period_s)
     for _ in range(frames - 1):
         await ticker.next()
-        yield CHUNK
+        yield frame(CHUNK)
 
 
 def bare_app(frames: int, period_s: float) -> Any:
@@ -110,7 +112,7 @@ def bare_app(frames: int, period_s: float) -> Any:
 
 def sse_only_app(frames: int, period_s: float) -> Any:
     from decode_server.config import ServerConfig
-    from decode_server.http.sse import sse_response
+    from decode_server.http.sse import frame, sse_response
 
     state: dict[str, Any] = {}
     stall_limit_s = ServerConfig(("demo",)).stream_send_timeout_s
@@ -119,7 +121,7 @@ def sse_only_app(frames: int, period_s: float) -> Any:
         if scope["type"] != "http":
             return
         await _ticker(state, period_s).next()
-        await sse_response(CHUNK, _chunks(state, frames, period_s), stall_limit_s=stall_limit_s)(scope, receive, send)
+        await sse_response(frame(CHUNK), _chunks(state, frames, period_s), stall_limit_s=stall_limit_s)(scope, receive, send)
 
     return app
 
@@ -141,17 +143,17 @@ def ours_app(frames: int, period_s: float, sse_starlette_loop: bool = False) -> 
         async def _send_with_timeout(self, send: Any, message: Any) -> None:
             await send(message)
 
-    async def _framed(rest: Any) -> Any:
+    async def _with_done(rest: Any) -> Any:  # what our generator around sse-starlette's loop yielded
         yield frame(CHUNK)
-        async for chunk in rest:
-            yield frame(chunk)
+        async for events in rest:
+            yield events
         yield DONE
 
     async def endpoint(request: Any) -> Any:
         await _ticker(state, period_s).next()
         if sse_starlette_loop:
-            return _PlainSends(_framed(_chunks(state, frames, period_s)), sep="\n", ping=0)
-        return sse_response(CHUNK, _chunks(state, frames, period_s), stall_limit_s=config.stream_send_timeout_s)
+            return _PlainSends(_with_done(_chunks(state, frames, period_s)), sep="\n", ping=0)
+        return sse_response(frame(CHUNK), _chunks(state, frames, period_s), stall_limit_s=config.stream_send_timeout_s)
 
     routes, middleware = [Route("/", endpoint, methods=["GET"])], _middleware(config, guarded=[])
     if sse_starlette_loop:

@@ -1,4 +1,4 @@
-"""SSE through sse-starlette: the stream's events (framed bytes, or chunks framed here), an error event, then `[DONE]`.
+"""SSE through sse-starlette: the stream's events (framed where its engine step is processed, generate/pipeline/stream.py), an error event, then `[DONE]`.
 
 sse-starlette's `EventSourceResponse` runs the response: its task group, the disconnect listener
 that cancels the stream, keep-alive comments, the end at shutdown. Its per-event loop is ours
@@ -39,12 +39,6 @@ _LOOKS_PER_LIMIT = 4
 _CLOSE_LIMIT_S = EventSourceResponse.DEFAULT_CLEANUP_TIMEOUT
 
 
-def _bytes(chunk: Any) -> bytes:
-    # A generate stream's events come framed already (generate/pipeline/stream.py); a chunk
-    # object is framed here.
-    return chunk if type(chunk) is bytes else frame(chunk)
-
-
 def _error_event(e: Exception) -> bytes:
     error = describe(e)
     log.warning("stream ended with an error event (%d): %s", error.status, error.message)
@@ -52,8 +46,8 @@ def _error_event(e: Exception) -> bytes:
 
 
 def sse_response(
-    first: Any,
-    rest: AsyncIterator[Any],
+    first: bytes | None,
+    rest: AsyncIterator[bytes],
     headers: dict[str, str] | None = None,
     keep_alive_s: float = 0,
     *,
@@ -79,9 +73,9 @@ class _Stream(EventSourceResponse):
     every buffer full, one send pending all along) is cut: the events' iterator is closed (the
     engine request is aborted, the access line says 499), uvicorn drops the socket. 0: never cut."""
 
-    def __init__(self, first: Any, rest: AsyncIterator[Any], stall_limit_s: float, **kwargs: Any):
+    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stall_limit_s: float, **kwargs: Any):
         super().__init__(rest, **kwargs)
-        self.first = first
+        self._first = first
         self.stall_limit_s = stall_limit_s
         self._sending = False
         self._sent = 0
@@ -93,13 +87,13 @@ class _Stream(EventSourceResponse):
         send = self._body_send or send
         rest = self.body_iterator
         try:
-            if self.first is not None:
-                await self._send_event(send, _bytes(self.first))
+            if self._first is not None:
+                await self._send_event(send, self._first)
             try:
-                async for chunk in rest:
-                    # inlined _send_event: this is the per-token path
+                async for events in rest:
+                    # _send_with_timeout inlined: this is the per-token path
                     self._sending = True
-                    await send({"type": "http.response.body", "body": _bytes(chunk), "more_body": True})
+                    await send({"type": "http.response.body", "body": events, "more_body": True})
                     self._sending = False
                     self._sent += 1
             except Exception as e:  # an error after the 200 went out can only travel as an event
@@ -116,14 +110,11 @@ class _Stream(EventSourceResponse):
             self.active = False
 
     async def _send_event(self, send: Any, body: bytes, more_body: bool = True) -> None:
-        self._sending = True
-        await send({"type": "http.response.body", "body": body, "more_body": more_body})
-        self._sending = False
-        self._sent += 1
+        await self._send_with_timeout(send, {"type": "http.response.body", "body": body, "more_body": more_body})
 
     async def _send_with_timeout(self, send: Any, message: Any) -> None:
-        # sse-starlette's other sends (keep-alive comments, the end after the exit signal) are
-        # watched as events are.
+        # Every send of the stream is watched for a stalled reader: events, keep-alive comments,
+        # the end after the exit signal.
         self._sending = True
         await send(message)
         self._sending = False

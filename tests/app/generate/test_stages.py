@@ -162,7 +162,7 @@ def _sse_messages(stall_limit_s: float, chunks: list[Any], send_blocks_after: in
         nonlocal closed
         try:
             for chunk in chunks:
-                yield chunk
+                yield sse.frame(chunk)  # framed where the step is processed, as the pipeline does
         finally:
             closed = True
 
