@@ -20,8 +20,10 @@ the same pass with the error `generate()` would have raised. A stream whose writ
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
+import anyio
 from vllm.v1.engine.exceptions import EngineGenerateError
 
 from decode_server.compat import GENERATE_DOES_NOT_ABORT, GENERATE_RAISES_AS_IS, on_put
@@ -29,9 +31,13 @@ from decode_server.generate.pipeline.stream import StreamPipeline
 from decode_server.runtime.engine import Engine, EngineRequest, EngineStream
 from decode_server.runtime.metrics import Metrics
 
+log = logging.getLogger("decode_server.generate.one_pass")
+
 # A stream buffers at most this much before its collector is left to vLLM's merging: some
 # hundred events, so a reader that keeps up never meets it, and one that does not costs no more.
 BUFFER_LIMIT = 256 * 1024
+# How long a stream's abort may hold its end (it is one message to the engine core).
+ABORT_LIMIT_S = 5.0
 
 
 class StepConsumer:
@@ -159,7 +165,12 @@ class OnePassStream:
     async def _close(self, engine_stream: EngineStream) -> None:
         try:
             if not self._engine_done:  # its writer left, or a stage failed: as generate() aborts
-                await engine_stream.abort()
+                # Shielded: a stream whose client left before its head is cancelled by its response
+                # (anyio delivers that again at every await), and the abort must reach the engine.
+                with anyio.move_on_after(ABORT_LIMIT_S, shield=True) as scope:
+                    await engine_stream.abort()
+                if scope.cancel_called:
+                    log.warning("aborting request %s took over %.0f s; left", engine_stream.engine_id, ABORT_LIMIT_S)
         finally:
             engine_stream.release()
 

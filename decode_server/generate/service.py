@@ -45,10 +45,13 @@ class Generation:
     stream's framed events (one block per write)."""
 
     def __init__(self, request_id: str, stats: RequestStats, *, body: Callable[[], Awaitable[Any]] | None = None,
-                 events: AsyncIterator[bytes] | None = None):
+                 events: AsyncIterator[bytes] | None = None, one_pass: bool = False):
         self.request_id = request_id  # the caller's
         self.stats = stats
         self.stream = events is not None
+        # Its head may be awaited inside the response, cancelled there if its client leaves: a
+        # one-pass stream aborts its engine request under a shield, and holds no remote KV to release.
+        self.head_in_response = one_pass
         self._body = body
         self._events = events
 
@@ -128,8 +131,9 @@ class GenerateService:
         pipeline = StreamPipeline(mode.needs_text, stages, StreamWire(ctx, stats))
         if watch is None and self._one_pass:
             events = OnePassStream(self._consumer, self.engine, request, pipeline).events()
-        else:  # a decode leg's first-token deadline wraps its outputs, or a vLLM without the collector
-            events = framed_outputs(pipeline, self._outputs(request, kv, watch))
+            return Generation(req.request_id, stats, events=events, one_pass=True)
+        # a decode leg's first-token deadline wraps its outputs, or a vLLM without the collector
+        events = framed_outputs(pipeline, self._outputs(request, kv, watch))
         return Generation(req.request_id, stats, events=events)
 
     def _outputs(self, request: EngineRequest, kv: dict[str, Any] | None, watch: str | None) -> AsyncIterator[RequestOutput]:

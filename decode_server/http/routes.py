@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class _Head:
     body: Any  # the batch body, or a stream's first chunk
     headers: dict[str, str]
     stream: bool
+    in_rest: bool = False  # the stream's first chunk is yet to come, as the first of the rest
 
 
 async def generate(request: Request) -> Response:
@@ -150,7 +152,9 @@ async def generate(request: Request) -> Response:
     head = await anext(answer)
     if head.stream:
         config = st.config
-        return sse_response(head.body, answer, head.headers, config.sse_keep_alive_s, stall_limit_s=config.stream_send_timeout_s)
+        refused = functools.partial(render_error, request) if head.in_rest else None
+        return sse_response(head.body, answer, head.headers, config.sse_keep_alive_s,
+                            stall_limit_s=config.stream_send_timeout_s, refused=refused)
     await anext(answer, None)  # the batch request's record ends, with its 200
     return json_response(head.body, headers=head.headers)
 
@@ -158,7 +162,9 @@ async def generate(request: Request) -> Response:
 async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
     """One generate request, recorded once however it ends: its head, then a stream's other chunks.
     The head is awaited before answering, so a request the engine refuses still gets a 4xx, not a
-    200 with an error event."""
+    200 with an error event. A one-pass stream's response awaits it (the head is then the first
+    chunk): that response is set up while the engine computes the first token, and a client that
+    leaves before it cancels it there, the engine request's abort shielded (one_pass.py)."""
     config = st.config
     access_log = config.access_log and request.url.path not in config.access_log_skip_paths
     span = RequestSpan(request.headers, enabled=st.service.tracing)
@@ -168,9 +174,16 @@ async def _answer(request: Request, st: AppState) -> AsyncIterator[Any]:
         body = await read_body(request, config)
         async with st.service.generation(body, request.headers, record) as generation:
             record.in_flight(generation.stats)
-            head = await until_disconnect(request, generation.head())
-        headers = {REQUEST_ID_HEADER: generation.request_id, FINGERPRINT_HEADER: st.service.fingerprint}
-        yield _Head(head, headers, generation.stream)
+            headers = {REQUEST_ID_HEADER: generation.request_id, FINGERPRINT_HEADER: st.service.fingerprint}
+            if generation.head_in_response:
+                yield _Head(None, headers, stream=True, in_rest=True)
+                head = await generation.head()
+            else:
+                head = await until_disconnect(request, generation.head())
+        if generation.head_in_response:
+            yield head
+        else:
+            yield _Head(head, headers, generation.stream)
         if not generation.stream:
             return
         # Blocks of events handed to the response, counted here and added once when the stream ends

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from starlette.responses import Response
 
 from decode_server.errors import describe
 from decode_server.generate.pipeline.frames import DONE, frame
@@ -52,7 +53,11 @@ def sse_response(
     keep_alive_s: float = 0,
     *,
     stall_limit_s: float,
+    refused: Callable[[Exception], Awaitable[Response]] | None = None,
 ) -> EventSourceResponse:
+    """`first`, then `rest`'s events. With `refused`, the first item of `rest` is the stream's head
+    instead (bytes or None): the response is set up at once, and answers only once the head has
+    come: 200 and the stream, or `refused(e)`'s answer if the head raised `e`."""
     # sep="\n" keeps vLLM's exact framing (sse-starlette defaults to CRLF); ping=0 sends no
     # comment lines unless the operator asks for keep-alives (vLLM: --sse-keep-alive-interval,
     # whose comment is `: keep-alive`).
@@ -60,6 +65,7 @@ def sse_response(
         first,
         rest,
         stall_limit_s,
+        refused,
         sep="\n",
         headers=headers,
         ping=keep_alive_s,
@@ -73,22 +79,38 @@ class _Stream(EventSourceResponse):
     every buffer full, one send pending all along) is cut: the events' iterator is closed (the
     engine request is aborted, the access line says 499), uvicorn drops the socket. 0: never cut."""
 
-    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stall_limit_s: float, **kwargs: Any):
+    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], stall_limit_s: float,
+                 refused: Callable[[Exception], Awaitable[Response]] | None, **kwargs: Any):
         super().__init__(rest, **kwargs)
         self._first = first
         self.stall_limit_s = stall_limit_s
+        self._refused = refused
+        # A keep-alive comment waits for the start (the head may take a long prefill).
+        self._started = anyio.Event() if refused is not None and self._ping_interval > 0 else None
         self._sending = False
         self._sent = 0
         self._body_send: Any = None
+        self._scope: Any = None  # (scope, receive), for a refusal's response
 
     async def _stream_response(self, send: Any) -> None:
+        rest = self.body_iterator
+        first = self._first
+        if self._refused is not None:
+            # Cancelled here (the client left): the head's own cleanup has aborted the engine request.
+            try:
+                first = await anext(rest)
+            except Exception as e:
+                await (await self._refused(e))(*self._scope, send)
+                self.active = False
+                return
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         self._response_started = True
+        if self._started is not None:
+            self._started.set()
         send = self._body_send or send
-        rest = self.body_iterator
         try:
-            if self._first is not None:
-                await self._send_event(send, self._first)
+            if first is not None:
+                await self._send_event(send, first)
             try:
                 async for events in rest:
                     # _send_with_timeout inlined: this is the per-token path
@@ -120,8 +142,14 @@ class _Stream(EventSourceResponse):
         self._sending = False
         self._sent += 1
 
+    async def _ping(self, send: Any) -> None:
+        if self._started is not None:
+            await self._started.wait()
+        await super()._ping(send)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self._body_send = scope.get(BODY_SEND)
+        self._scope = (scope, receive)
         if not self.stall_limit_s:
             await super().__call__(scope, receive, send)
             return

@@ -259,7 +259,10 @@ async def test_vllms_queue_limit_is_a_503_with_retry_after_and_its_message(demo_
         await gate.reached()
         code, message, _ = error_of(r := await s.client.post(GENERATE, json=body(request_id="over")))
         assert (code, r.headers["retry-after"]) == (503, "1") and "busy" in message, "vLLM's QueueOverflowError"
-        assert await s.metric("decode_server_rejections_total", reason="engine_overload") == 1
+        # A stream's response awaits its first token before it answers: the same refusal, not a 200.
+        streamed = await s.client.post(GENERATE, json={**body(request_id="over-stream"), "stream": True})
+        assert (error_of(streamed), streamed.headers["retry-after"]) == ((code, message, None), "1")
+        assert await s.metric("decode_server_rejections_total", reason="engine_overload") == 2
         gate.release()
         assert (await running).status_code == 200
     assert not [rec for rec in caplog.records if rec.exc_info], "no stack trace for an overload"

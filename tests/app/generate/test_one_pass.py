@@ -135,6 +135,34 @@ async def test_a_disconnect_aborts_before_the_next_engine_step(inproc):
     assert core.running == [] and inproc.engine.live_request_count() == 0
 
 
+async def test_a_client_gone_before_its_first_token_has_its_engine_request_aborted(inproc):
+    """The response awaits a stream's first token (it decides the status); a client that leaves
+    first cancels that wait, and the abort still reaches the engine, unanswered by it."""
+    core = inproc.core
+    gate = core.hold("early")
+    aborted: list[list[str]] = []
+    abort = core.abort_requests_async
+
+    async def noting_abort(request_ids):
+        await asyncio.sleep(0.01)  # a send to the engine core that waits on its socket
+        aborted.append(list(request_ids))
+        await abort(request_ids)
+
+    core.abort_requests_async = noting_abort
+    request = asyncio.create_task(inproc.client.post(GENERATE, json={**body(request_id="early"), "stream": True}))
+    await gate.reached()
+    request.cancel()
+    for _ in range(200):
+        if inproc.engine.live_request_count() == 0:
+            break
+        await asyncio.sleep(0.01)
+    gate.release()
+    assert len(aborted) == 1 and "-early-" in aborted[0][0], aborted
+    assert (core.waiting, core.running, inproc.engine.live_request_count()) == ([], [], 0)
+    assert await inproc.metric("decode_server_requests_total", status="499") == 1
+    assert await inproc.metric("decode_server_aborts_total", cause="client_disconnect") == 1
+
+
 async def test_an_engine_death_ends_every_stream_with_the_error_event(inproc):
     gates = [inproc.core.hold(f"open-{k}", after_tokens=k + 1) for k in range(3)]
     streams = [asyncio.create_task(inproc.events(body(mode, request_id=f"open-{k}")))

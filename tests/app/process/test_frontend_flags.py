@@ -7,6 +7,7 @@ The real-engine check of each flag is in test_operations.py (one server with all
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import re
 import time
@@ -189,6 +190,30 @@ def test_keep_alive_comments_keep_a_silent_stream_open_and_load_counts_it(demo_m
         # A comment a second (each after a full interval's sleep), not faster: the second one
         # cannot arrive before two seconds have passed.
         assert comments[1] >= 2.0, comments
+
+
+def test_keep_alive_comments_wait_for_the_answer_of_a_request_held_before_its_first_token(demo_model):
+    """A stream's first token decides its answer (a refusal there is a 4xx, not a 200 with an error
+    event): held before it, past two keep-alive intervals, the request gets no comment into a response
+    not yet started, then a whole 200 stream."""
+    with loopback(demo_model, "--sse-keep-alive-interval", "1") as srv:
+        gate = srv.call(srv.core.hold, "prefill")
+
+        def stream() -> tuple[float, int, list[str]]:
+            with httpx.Client(base_url=srv.url, timeout=30) as client:
+                with client.stream("POST", GENERATE, json={**body(request_id="prefill"), "stream": True}) as r:
+                    return time.monotonic(), r.status_code, [line for line in r.iter_lines() if line]
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(stream)
+            srv.wait(gate.reached())
+            time.sleep(2.5)
+            released = time.monotonic()
+            srv.call(gate.release)
+            answered, status, lines = answer.result(timeout=30)
+        assert answered >= released and status == 200, (answered - released, status)
+        assert lines[0].startswith("data: {") and lines[-1] == "data: [DONE]", lines
+        assert '"finish_reason":"stop"' in lines[-2].replace(" ", ""), lines
 
 
 async def test_load_is_null_without_load_tracking(inproc):
