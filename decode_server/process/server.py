@@ -134,8 +134,8 @@ class DrainingServer(uvicorn.Server):
         if self.freezes_startup_heap and not self.should_exit:
             # As vLLM's own API server does once its app has started: what start-up built (vLLM,
             # torch, the tokenizer, the engine client, the app) leaves the collector's view. A
-            # collection of the oldest generation otherwise walks all of it, 0.3-0.6 s here with
-            # the event loop stalled, every few thousand requests.
+            # collection of the oldest generation otherwise walks all of it, ~0.4 s here with the
+            # event loop stalled, about once per thousand requests (docs/benchmarks.md).
             from vllm.utils.gc_utils import freeze_gc_heap
 
             freeze_gc_heap()
